@@ -1,0 +1,55 @@
+"""Command line of ``examples/start_agentic_pipeline.py``: load, validate, print, then run."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from roll.configs.errors import ConfigError
+
+EXIT_CONFIG_ERROR = 2
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="start_agentic_pipeline.py",
+        description="Train an LLM policy with RL on gym-style text environments.",
+        epilog="Trailing key=value arguments are Hydra overrides, e.g. max_steps=3 actor_train.training_args.learning_rate=1e-5",
+    )
+    parser.add_argument("--config_path", default=None, help="config folder, relative to the working directory (default: examples/config)")
+    parser.add_argument("--config_name", default="agentic_sokoban", help="config file name without .yaml")
+    parser.add_argument("--dry_run", action="store_true", help="load, validate and print the resolved config, then exit")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides key=value")
+    return parser.parse_args(argv)
+
+
+def config_to_yaml(config: object) -> str:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.create(dataclasses.asdict(config)))
+
+
+def main(argv: Sequence[str] | None = None, *, search_roots: Sequence[Path] = ()) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    from roll.configs.loading import load_config
+
+    try:
+        loaded = load_config(args.config_name, args.config_path, args.overrides, search_roots=search_roots)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    warning = loaded.warning()
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"# resolved config: {loaded.config_dir / loaded.config_name}.yaml", flush=True)
+    print(config_to_yaml(loaded.config), flush=True)
+    if args.dry_run:
+        return 0
+    # The training loop (roll.agentic.pipeline) is not part of this version yet; say so plainly
+    # rather than pretend to train.
+    print("roll: the training pipeline is not built yet in this version; the resolved config above is "
+          "what it will run (use --dry_run to only validate).", file=sys.stderr)
+    return 0

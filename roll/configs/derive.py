@@ -1,0 +1,242 @@
+"""Derived values and cross-key checks, computed in this one place.
+
+``finalize`` fills what the user may leave unset (``sequence_length``, world sizes, per-role
+model paths, env group partitions, episodes per env) and checks the rules that span several keys
+(batch divisibility, strategy names per role, device mapping vs. workers). It raises ConfigError
+naming the key path; it never touches the process environment or the file system.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from roll.configs import schema
+from roll.configs.device_mapping import parse_device_mapping
+from roll.configs.errors import ConfigError, nearest
+
+# Which backends each role may use (import paths of user backends are always allowed).
+ROLE_STRATEGIES = {
+    "actor_train": schema.TRAIN_STRATEGIES,
+    "critic": schema.TRAIN_STRATEGIES,
+    "actor_infer": ("hf_infer", "vllm", "sglang"),
+    "reference": ("hf_infer", "megatron_infer", "deepspeed_train", "megatron_train"),
+    "reward": ("hf_infer", "megatron_infer", "deepspeed_train", "megatron_train"),
+}
+INFERENCE_ENGINES = ("hf_infer", "vllm", "sglang")
+
+
+def finalize(cfg: schema.PipelineConfig) -> schema.PipelineConfig:
+    """Return a copy of ``cfg`` with every derived value filled in and all cross-key rules checked."""
+    cfg = dataclasses.replace(cfg)  # shallow copy; nested parts are replaced below, never mutated
+    _positive(cfg)
+    cfg.sequence_length = _sequence_length(cfg)
+    for role in schema.ROLES:
+        worker = getattr(cfg, role)
+        if worker is not None:
+            setattr(cfg, role, _finalize_worker(cfg, role, worker))
+    _check_required_roles(cfg)
+    cfg.num_nodes = max(cfg.num_nodes, _nodes_needed(cfg))
+    cfg.train_env_manager = _finalize_env_manager(cfg, "train_env_manager", train_batch_size(cfg))
+    cfg.val_env_manager = _finalize_env_manager(cfg, "val_env_manager", cfg.val_batch_size)
+    _check_train_batch(cfg)
+    return cfg
+
+
+def train_batch_size(cfg: schema.PipelineConfig) -> int:
+    """Trajectories in one training step: rollout_batch_size x num_return_sequences_in_group."""
+    return cfg.rollout_batch_size * cfg.num_return_sequences_in_group
+
+
+def needs_reference(cfg: schema.PipelineConfig) -> bool:
+    """The reference role runs when a KL term needs its log-probs (or it is asked for)."""
+    return cfg.enable_reference or cfg.use_kl_loss or (cfg.add_token_level_kl and cfg.init_kl_coef > 0)
+
+
+def needs_critic(cfg: schema.PipelineConfig) -> bool:
+    return cfg.adv_estimator == "gae"
+
+
+def data_parallel_size(worker: schema.WorkerConfig) -> int:
+    """Data-parallel ranks of a (finalized) role: world size over model-parallel sizes for megatron."""
+    world = worker.world_size or 1
+    if worker.strategy_args.strategy_name in ("megatron_train", "megatron_infer"):
+        sc = worker.strategy_args.strategy_config or {}
+        model_parallel = (
+            int(sc.get("tensor_model_parallel_size", 1))
+            * int(sc.get("pipeline_model_parallel_size", 1))
+            * int(sc.get("context_parallel_size", 1))
+        )
+        return world // model_parallel
+    return world
+
+
+def _positive(cfg: schema.PipelineConfig) -> None:
+    for name in ("rollout_batch_size", "num_return_sequences_in_group", "ppo_epochs", "logging_steps", "prompt_length"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(name, f"must be >= 1, got {getattr(cfg, name)}")
+    if cfg.max_steps < 1 and cfg.max_steps != -1:
+        raise ConfigError("max_steps", f"must be >= 1 (or -1 for no limit), got {cfg.max_steps}")
+    for name in ("save_steps", "eval_steps", "val_batch_size"):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(name, f"must be >= 0, got {getattr(cfg, name)}")
+
+
+def _sequence_length(cfg: schema.PipelineConfig) -> int:
+    if cfg.sequence_length is not None:
+        if cfg.sequence_length < 1:
+            raise ConfigError("sequence_length", f"must be >= 1, got {cfg.sequence_length}")
+        return cfg.sequence_length
+    if cfg.response_length is None:
+        raise ConfigError("sequence_length", "set sequence_length, or response_length (sequence_length = prompt_length + response_length)")
+    return cfg.prompt_length + cfg.response_length
+
+
+def _finalize_worker(cfg: schema.PipelineConfig, role: str, worker: schema.WorkerConfig) -> schema.WorkerConfig:
+    worker = dataclasses.replace(worker)
+    strategy = worker.strategy_args.strategy_name
+    _check_strategy(role, strategy)
+
+    default_model = cfg.pretrain if role in ("actor_train", "actor_infer", "reference") else cfg.reward_pretrain or cfg.pretrain
+    if worker.model_args.model_name_or_path is None and default_model is not None:
+        worker.model_args = dataclasses.replace(worker.model_args, model_name_or_path=default_model)
+
+    if worker.data_args.prompt is not None and worker.data_args.messages is not None:
+        raise ConfigError(f"{role}.data_args.messages", "conflicts with data_args.prompt; set only one of them")
+
+    if strategy == "vllm":
+        # vLLM's own parallel sizes decide how many devices one engine takes.
+        sc = worker.strategy_args.strategy_config or {}
+        worker.num_gpus_per_worker = int(sc.get("tensor_parallel_size", 1)) * int(sc.get("pipeline_parallel_size", 1))
+    elif strategy not in INFERENCE_ENGINES and "." not in strategy:
+        worker.num_gpus_per_worker = 1  # training ranks hold one device each (parallelism is inside the strategy)
+    if worker.num_gpus_per_worker < 1:
+        raise ConfigError(f"{role}.num_gpus_per_worker", f"must be >= 1, got {worker.num_gpus_per_worker}")
+
+    devices = parse_device_mapping(worker.device_mapping, f"{role}.device_mapping")
+    worker.device_mapping = devices
+    if devices is None:
+        return worker
+    if len(devices) % worker.num_gpus_per_worker:
+        raise ConfigError(
+            f"{role}.device_mapping",
+            f"{len(devices)} devices do not divide by num_gpus_per_worker={worker.num_gpus_per_worker}",
+        )
+    world = len(devices) // worker.num_gpus_per_worker
+    if worker.world_size is not None and worker.world_size != world:
+        raise ConfigError(
+            f"{role}.world_size",
+            f"is {worker.world_size} but device_mapping ({len(devices)} devices / num_gpus_per_worker="
+            f"{worker.num_gpus_per_worker}) gives {world}",
+        )
+    worker.world_size = world
+    if strategy in ("megatron_train", "megatron_infer"):
+        _check_megatron(role, worker)
+    return worker
+
+
+def _check_strategy(role: str, strategy: str) -> None:
+    allowed = ROLE_STRATEGIES[role]
+    if strategy in allowed or "." in strategy:  # a dotted name is a user backend's import path
+        return
+    path = f"{role}.strategy_args.strategy_name"
+    if strategy in schema.STRATEGY_NAMES:
+        raise ConfigError(path, f"{strategy!r} cannot serve {role}; use one of {', '.join(allowed)}")
+    hint = nearest(strategy, schema.STRATEGY_NAMES)
+    suffix = f"; did you mean {hint!r}?" if hint else ""
+    raise ConfigError(path, f"unknown strategy {strategy!r} (known: {', '.join(schema.STRATEGY_NAMES)}){suffix}")
+
+
+def _check_megatron(role: str, worker: schema.WorkerConfig) -> None:
+    sc = worker.strategy_args.strategy_config or {}
+    sizes = {k: sc.get(k, 1) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")}
+    for key, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{role}.strategy_args.strategy_config.{key}", f"must be an integer >= 1, got {value!r}")
+    model_parallel = math.prod(sizes.values())
+    if (worker.world_size or 1) % model_parallel:
+        raise ConfigError(
+            f"{role}.device_mapping",
+            f"world size {worker.world_size} does not divide by tensor x pipeline x context parallel = {model_parallel}",
+        )
+
+
+def _check_required_roles(cfg: schema.PipelineConfig) -> None:
+    for role in ("actor_train", "actor_infer"):
+        if getattr(cfg, role).device_mapping is None:
+            raise ConfigError(f"{role}.device_mapping", "required: the devices this role runs on, e.g. '[0]' or 'list(range(0,8))'")
+    if needs_critic(cfg) and (cfg.critic is None or cfg.critic.device_mapping is None):
+        raise ConfigError("critic.device_mapping", "required because adv_estimator is 'gae' (it needs a value model)")
+    if needs_reference(cfg) and (cfg.reference is None or cfg.reference.device_mapping is None):
+        why = "use_kl_loss is true" if cfg.use_kl_loss else (
+            "enable_reference is true" if cfg.enable_reference else "add_token_level_kl is on with init_kl_coef > 0")
+        raise ConfigError("reference.device_mapping", f"required because {why}")
+
+
+def _nodes_needed(cfg: schema.PipelineConfig) -> int:
+    ids = [d for role in schema.ROLES if getattr(cfg, role) is not None for d in (getattr(cfg, role).device_mapping or [])]
+    if cfg.num_gpus_per_node < 1:
+        raise ConfigError("num_gpus_per_node", f"must be >= 1, got {cfg.num_gpus_per_node}")
+    return max(1, math.ceil((max(ids) + 1) / cfg.num_gpus_per_node)) if ids else 1
+
+
+def _finalize_env_manager(cfg: schema.PipelineConfig, name: str, batch: int) -> schema.EnvManagerConfig:
+    em = dataclasses.replace(getattr(cfg, name))
+    for key in ("num_env_groups", "group_size"):
+        if getattr(em, key) < 1:
+            raise ConfigError(f"{name}.{key}", f"must be >= 1, got {getattr(em, key)}")
+    if not em.tags:
+        raise ConfigError(f"{name}.tags", "must name at least one env tag from custom_envs")
+    for i, tag in enumerate(em.tags):
+        if tag not in cfg.custom_envs:
+            hint = nearest(tag, cfg.custom_envs)
+            suffix = f"; did you mean {hint!r}?" if hint else f" (custom_envs has: {', '.join(cfg.custom_envs) or 'nothing'})"
+            raise ConfigError(f"{name}.tags[{i}]", f"env tag {tag!r} is not in custom_envs{suffix}")
+    if em.num_groups_partition is None:
+        share, extra = divmod(em.num_env_groups, len(em.tags))
+        em.num_groups_partition = [share + (1 if i < extra else 0) for i in range(len(em.tags))]
+    if len(em.num_groups_partition) != len(em.tags):
+        raise ConfigError(
+            f"{name}.num_groups_partition",
+            f"has {len(em.num_groups_partition)} entries but tags has {len(em.tags)}",
+        )
+    if sum(em.num_groups_partition) != em.num_env_groups:
+        raise ConfigError(
+            f"{name}.num_groups_partition",
+            f"sums to {sum(em.num_groups_partition)} but num_env_groups is {em.num_env_groups}",
+        )
+    num_envs = em.num_env_groups * em.group_size
+    batch_key = "rollout_batch_size" if name == "train_env_manager" else "val_batch_size"
+    if batch and batch % em.group_size:
+        raise ConfigError(batch_key, f"{batch} trajectories do not divide into groups of {name}.group_size={em.group_size}")
+    if name == "val_env_manager" and batch and batch % num_envs:
+        raise ConfigError(
+            "val_batch_size", f"{batch} does not divide by the {num_envs} validation envs (num_env_groups x group_size)"
+        )
+    per_env = math.ceil(batch / num_envs) if batch else 0
+    if em.max_traj_per_env < 0:
+        em.max_traj_per_env = per_env
+    elif em.max_traj_per_env < per_env:
+        raise ConfigError(
+            f"{name}.max_traj_per_env",
+            f"is {em.max_traj_per_env}, but {batch_key}={batch} over {num_envs} envs needs at least {per_env}",
+        )
+    return em
+
+
+def _check_train_batch(cfg: schema.PipelineConfig) -> None:
+    batch = train_batch_size(cfg)
+    for role in ("actor_train", "critic"):
+        worker = getattr(cfg, role)
+        if worker is None or worker.device_mapping is None:
+            continue
+        dp = data_parallel_size(worker)
+        if batch % dp:
+            raise ConfigError(
+                "rollout_batch_size",
+                f"the training batch of {batch} trajectories does not divide over {role}'s {dp} data-parallel workers",
+            )
+        ta = worker.training_args
+        for key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+            if getattr(ta, key) < 1:
+                raise ConfigError(f"{role}.training_args.{key}", f"must be >= 1, got {getattr(ta, key)}")

