@@ -1,0 +1,48 @@
+"""Grid-world text envs: a configurable symbol per cell code (grid_lookup) and a vocabulary that
+tells the model what each symbol means (grid_vocab), so a different grid vocabulary is a config change."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from envs.base import TextEnv
+
+
+class GridTextEnv(TextEnv):
+    default_grid_lookup: ClassVar[dict[int, str]]  # cell code -> symbol
+    default_grid_vocab: ClassVar[dict[str, str]]  # default symbol -> meaning
+    colors: ClassVar[dict[int, tuple[int, int, int]]]  # cell code -> RGB for pictures
+
+    def __init__(self, *, grid_lookup: Mapping[Any, str] | None = None, grid_vocab: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+        codes = len(self.default_grid_lookup)
+        self.grid_lookup = {int(k): str(v) for k, v in (grid_lookup or self.default_grid_lookup).items()}
+        if sorted(self.grid_lookup) != list(range(codes)) or len(set(self.grid_lookup.values())) != codes:
+            raise ValueError(f"grid_lookup must map each cell code 0..{codes - 1} to a distinct symbol, got {grid_lookup}")
+        self.grid_vocab = dict(grid_vocab) if grid_vocab else {
+            self.grid_lookup[code]: self.default_grid_vocab[symbol] for code, symbol in self.default_grid_lookup.items()
+        }
+        self.extra_chars = "".join(self.grid_lookup.values())
+        self._symbol_to_code = {v: k for k, v in self.grid_lookup.items()}
+        super().__init__(**kwargs)
+
+    def codes(self) -> list[list[int]]:
+        """The current grid as cell codes."""
+        raise NotImplementedError
+
+    def render_text(self) -> str:
+        lookup = self.grid_lookup
+        return "\n".join("".join(lookup[c] for c in row) for row in self.codes())
+
+    def parse_text(self, text: str) -> list[list[int]]:
+        """The grid of cell codes a rendered text shows (inverse of render_text)."""
+        return [[self._symbol_to_code[ch] for ch in line] for line in text.split("\n")]
+
+    def symbol_legend(self) -> str:
+        return ", ".join(f"{s}: {m}" for s, m in self.grid_vocab.items())
+
+    def render_rgb(self, tile: int = 16) -> np.ndarray:
+        palette = np.array([self.colors[c] for c in range(len(self.colors))], dtype=np.uint8)
+        return np.kron(palette[np.asarray(self.codes())], np.ones((tile, tile, 1), dtype=np.uint8))

@@ -1,0 +1,1 @@
+"""Tool-calling envs: the model acts through OpenAI-style tools declared in info["tools"]."""
