@@ -47,7 +47,7 @@ def opt(default: Any = MISSING, help: str = "", *, factory: Any = MISSING, statu
 ROLLOUT = "not yet wired (env managers, issue 6)"
 PIPELINE = "not yet wired (pipeline, issue 7)"
 WORKERS = "not yet wired (workers, issue 5)"
-ALGOS = "not yet wired (algorithms, issue 4)"
+ALGOS = "in roll.algorithms; not yet wired into training (pipeline, issue 7)"
 GPU = "not yet wired (GPU backends, issue 8)"
 
 
