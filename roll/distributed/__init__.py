@@ -1,0 +1,1 @@
+"""Ray: resource manager, clusters of role workers, dispatch, and the Batch container."""
