@@ -1,0 +1,1 @@
+"""Backends, one file each, behind two small interfaces (inference and training), chosen by name."""

@@ -1,0 +1,123 @@
+"""The two strategy interfaces every backend implements."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from roll.distributed.batch import Batch
+
+NamedTensors = list[tuple[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    repetition_penalty: float = 1.0
+    stop_strings: tuple[str, ...] = ()
+    seed: int | None = None  # fixes the sampling RNG of this call (reproducible rollouts)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    @staticmethod
+    def from_generating_args(args: Any, **overrides: Any) -> SamplingParams:
+        greedy = (not args.do_sample) or args.temperature <= 0
+        values = dict(
+            max_new_tokens=args.max_new_tokens or 128,
+            temperature=0.0 if greedy else args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            repetition_penalty=args.repetition_penalty,
+            stop_strings=tuple(args.stop_strings or ()),
+        )
+        values.update(overrides)
+        return SamplingParams(**values)
+
+
+@dataclass
+class Generation:
+    """One request's result: the sampled tokens exactly as produced, and their log-probs."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (EOS / stop string) or "length"
+
+
+@dataclass
+class ForwardOutput:
+    """What a training forward gives the loss function."""
+
+    logits: torch.Tensor | None = None
+    logprobs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    _entropy: torch.Tensor | None = field(default=None, repr=False)
+
+    def entropy(self) -> torch.Tensor:
+        from roll.models.logprobs import shifted_entropy
+
+        if self._entropy is None:
+            assert self.logits is not None, "entropy needs logits"
+            self._entropy = shifted_entropy(self.logits)
+        return self._entropy
+
+
+# loss_fn(micro_batch, forward_output, counts) -> (loss, metrics)
+LossFn = Callable[[Batch, ForwardOutput, Any], tuple[torch.Tensor, dict[str, float]]]
+
+
+class InferenceStrategy(abc.ABC):
+    @abc.abstractmethod
+    def initialize(self) -> None: ...
+
+    @abc.abstractmethod
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]: ...
+
+    @abc.abstractmethod
+    def compute_log_probs(self, batch: Batch) -> torch.Tensor: ...
+
+    @abc.abstractmethod
+    def load_weights(self, named_tensors: NamedTensors) -> None: ...
+
+    @abc.abstractmethod
+    def offload(self) -> None: ...
+
+    @abc.abstractmethod
+    def reload(self) -> None: ...
+
+
+class TrainStrategy(abc.ABC):
+    @abc.abstractmethod
+    def initialize(self) -> None: ...
+
+    @abc.abstractmethod
+    def compute_log_probs(self, batch: Batch) -> torch.Tensor: ...
+
+    @abc.abstractmethod
+    def compute_values(self, batch: Batch) -> torch.Tensor: ...
+
+    @abc.abstractmethod
+    def train_step(self, batch: Batch, loss_fn: LossFn, epochs: int = 1) -> dict[str, float]: ...
+
+    @abc.abstractmethod
+    def weight_buckets(self, bucket_bytes: int) -> Iterator[NamedTensors]: ...
+
+    @abc.abstractmethod
+    def save_checkpoint(self, path: str) -> None: ...
+
+    @abc.abstractmethod
+    def load_checkpoint(self, path: str) -> None: ...
+
+    @abc.abstractmethod
+    def offload(self) -> None: ...
+
+    @abc.abstractmethod
+    def reload(self) -> None: ...

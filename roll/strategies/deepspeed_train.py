@@ -1,0 +1,281 @@
+"""deepspeed_train: actor_train and critic on DeepSpeed (ZeRO stages 0-3, CPU offload).
+
+The ``strategy_config`` is a DeepSpeed config (the ``deepspeed_zero*.yaml`` pieces); its "auto"
+fields are filled from ``training_args``. The optimizer is a torch AdamW handed to DeepSpeed
+(``zero_force_ds_cpu_optimizer: false``), so no DeepSpeed CPU op is JIT-compiled.
+
+Losses come in already normalised by global token/sequence counts (``roll.algorithms.losses``):
+micro-batch losses add up to the mini-batch loss, so backward runs without DeepSpeed's
+1/gradient_accumulation scaling, and the loss is multiplied by the data-parallel size because
+DeepSpeed averages gradients over ranks. One data-parallel step then equals one big-batch step.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import logging
+import math
+import os
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from roll.algorithms.losses import GlobalCounts
+from roll.distributed.batch import Batch
+from roll.models.loading import load_causal_lm, load_value_model
+from roll.models.logprobs import position_ids_from_mask, shifted_token_logprobs
+from roll.strategies.base import ForwardOutput, LossFn, NamedTensors, TrainStrategy
+
+log = logging.getLogger(__name__)
+
+CPU_DIST_ENV = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+
+
+def fill_ds_config(ds: dict[str, Any] | None, training_args: Any, world_size: int, dtype: str | None,
+                   max_grad_norm: float, hidden_size: int) -> dict[str, Any]:
+    """A DeepSpeed config with every "auto" resolved from the training arguments."""
+    cfg = copy.deepcopy(ds or {"zero_optimization": {"stage": 0}})
+    micro, gas = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
+    fills = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": gas,
+        "train_batch_size": micro * gas * world_size,
+        "gradient_clipping": max_grad_norm,
+    }
+    for key, value in fills.items():
+        if cfg.get(key, "auto") == "auto":
+            cfg[key] = value
+    cfg.setdefault("bf16", {})["enabled"] = dtype == "bf16" if cfg.get("bf16", {}).get("enabled", "auto") == "auto" else cfg["bf16"]["enabled"]
+    cfg.setdefault("fp16", {})["enabled"] = dtype == "fp16" if cfg.get("fp16", {}).get("enabled", "auto") == "auto" else cfg["fp16"]["enabled"]
+    zero = cfg.setdefault("zero_optimization", {"stage": 0})
+    auto_zero = {  # sizes DeepSpeed's HF integration derives from the hidden size
+        "reduce_bucket_size": hidden_size * hidden_size,
+        "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
+        "stage3_param_persistence_threshold": 10 * hidden_size,
+    }
+    for key, value in auto_zero.items():
+        if zero.get(key) == "auto":
+            zero[key] = value
+    cfg.setdefault("zero_allow_untested_optimizer", True)
+    cfg.setdefault("zero_force_ds_cpu_optimizer", False)
+    cfg.setdefault("steps_per_print", 10**9)
+    return cfg
+
+
+def lr_lambda(schedule: str, warmup: int, total: int):
+    def fn(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if schedule in ("constant", "constant_with_warmup"):
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if schedule == "linear":
+            return max(0.0, 1.0 - progress)
+        return 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
+
+    return fn
+
+
+class DeepSpeedTrainStrategy(TrainStrategy):
+    def __init__(self, worker_config: Any, *, role: str = "actor_train", seed: int = 42, max_grad_norm: float = 1.0,
+                 total_steps: int = 1000, world_size: int = 1, rank: int = 0) -> None:
+        self.config = worker_config
+        self.role = role
+        self.seed = seed
+        self.max_grad_norm = max_grad_norm
+        self.total_steps = total_steps
+        self.world_size = world_size
+        self.rank = rank
+        self.is_critic = worker_config.model_args.model_type == "value" or role == "critic"
+        self.engine: Any = None
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.zero_stage = 0
+
+    # --- set-up
+    def initialize(self) -> None:
+        if self.device.type == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # this worker process only
+            for key, value in CPU_DIST_ENV.items():
+                os.environ.setdefault(key, value)
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        import deepspeed
+
+        torch.manual_seed(self.seed)
+        if not torch.distributed.is_initialized():
+            deepspeed.init_distributed(dist_backend="gloo" if self.device.type == "cpu" else "nccl")
+        model_args = self.config.model_args
+        model = load_value_model(model_args) if self.is_critic else load_causal_lm(model_args)
+        if not model_args.disable_gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        ta = self.config.training_args
+        optimizer = torch.optim.AdamW(model.parameters(), lr=ta.learning_rate, betas=(ta.adam_beta1, ta.adam_beta2),
+                                      eps=ta.adam_epsilon, weight_decay=ta.weight_decay)
+        warmup = ta.warmup_steps or int(ta.warmup_ratio * self.total_steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(ta.lr_scheduler_type, warmup, self.total_steps))
+        hidden = _hidden_size(model)
+        ds_config = fill_ds_config(self.config.strategy_args.strategy_config, ta, self.world_size,
+                                   model_args.dtype, self.max_grad_norm, hidden)
+        self.zero_stage = int(ds_config["zero_optimization"].get("stage", 0))
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config, dist_init_required=False
+        )
+
+    # --- forward passes
+    def _forward(self, batch: Batch, grad: bool) -> ForwardOutput:
+        ids = batch["input_ids"].to(self.device)
+        mask = batch["attention_mask"].to(self.device)
+        pos = batch.tensors.get("position_ids")
+        pos = (pos if pos is not None else position_ids_from_mask(mask)).to(self.device)
+        with torch.set_grad_enabled(grad):
+            if self.is_critic:
+                return ForwardOutput(values=self.engine(input_ids=ids, attention_mask=mask, position_ids=pos).float())
+            logits = self.engine(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+            return ForwardOutput(logits=logits, logprobs=shifted_token_logprobs(logits, ids))
+
+    @torch.no_grad()
+    def _batched(self, batch: Batch, field: str) -> torch.Tensor:
+        self.engine.eval()
+        out = []
+        for start in range(0, len(batch), self.config.infer_batch_size):
+            part = batch.select(range(start, min(len(batch), start + self.config.infer_batch_size)))
+            out.append(getattr(self._forward(part, grad=False), field).detach().cpu())
+        return torch.cat(out)
+
+    def compute_log_probs(self, batch: Batch) -> torch.Tensor:
+        if self.is_critic:
+            raise RuntimeError("the critic has no log-probs")
+        return self._batched(batch, "logprobs")
+
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        if not self.is_critic:
+            raise RuntimeError(f"{self.role} has no value head; values come from the critic")
+        return self._batched(batch, "values")
+
+    # --- training
+    def train_step(self, batch: Batch, loss_fn: LossFn, epochs: int = 1) -> dict[str, float]:
+        """``epochs`` passes over ``batch`` in mini-batches of per_device x grad_accum rows, one
+        optimizer step per mini-batch. Returns metrics averaged over micro-batches."""
+        ta = self.config.training_args
+        micro, mini = ta.per_device_train_batch_size, ta.per_device_train_batch_size * ta.gradient_accumulation_steps
+        self.engine.train()
+        sums: dict[str, float] = {}
+        grad_norms: list[float] = []
+        n_micro = 0
+        mask_key = "response_mask" if "response_mask" in batch else "attention_mask"
+        for _ in range(epochs):
+            for start in range(0, len(batch), mini):
+                mini_batch = batch.select(range(start, min(len(batch), start + mini)))
+                counts = self._global_counts(mini_batch[mask_key])
+                parts = list(range(0, len(mini_batch), micro))
+                for j, m_start in enumerate(parts):
+                    micro_batch = mini_batch.select(range(m_start, min(len(mini_batch), m_start + micro)))
+                    out = self._forward(micro_batch, grad=True)
+                    loss, metrics = loss_fn(micro_batch, out, counts)
+                    self.engine.set_gradient_accumulation_boundary(j == len(parts) - 1)
+                    self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
+                    for k, v in metrics.items():
+                        sums[k] = sums.get(k, 0.0) + float(v)
+                    n_micro += 1
+                before = self._grad_norm_before_step()
+                self.engine.step()
+                norm = before if before is not None else self.engine.get_global_grad_norm()
+                grad_norms.append(float(norm) if norm is not None else float("nan"))
+        prefix = "critic" if self.is_critic else "actor"
+        result = {k: v / max(n_micro, 1) for k, v in sums.items()}
+        result[f"{prefix}/grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
+        n_steps = len(grad_norms)
+        result[f"{prefix}/lr"] = float(self.scheduler.get_last_lr()[0])
+        result[f"{prefix}/optimizer_steps"] = float(n_steps)
+        return result
+
+    def _global_counts(self, mask: torch.Tensor) -> GlobalCounts:
+        local = torch.tensor([float(mask.sum()), float((mask.sum(-1) > 0).sum())], dtype=torch.float64)
+        if self.world_size > 1:
+            torch.distributed.all_reduce(local)
+        return GlobalCounts(tokens=float(local[0]), seqs=float(local[1]), norm_length=float(mask.shape[-1]))
+
+    def _grad_norm_before_step(self) -> float | None:
+        """Without ZeRO, DeepSpeed does not report the norm: take it from the gradients (before clipping)."""
+        if self.zero_stage != 0:
+            return None
+        norms = [torch.linalg.vector_norm(p.grad.float()) for p in self.engine.module.parameters() if p.grad is not None]
+        return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+
+    # --- weights
+    def weight_buckets(self, bucket_bytes: int = 256 << 20) -> Iterator[NamedTensors]:
+        """(name, tensor) lists of at most ``bucket_bytes`` each; ZeRO-3 gathers one bucket at a time."""
+        bucket: list[tuple[str, torch.nn.Parameter]] = []
+        size = 0
+        for name, param in self.engine.module.named_parameters():
+            nbytes = _numel(param) * param.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield self._materialise(bucket)
+                bucket, size = [], 0
+            bucket.append((name, param))
+            size += nbytes
+        if bucket:
+            yield self._materialise(bucket)
+
+    def _materialise(self, bucket: list[tuple[str, torch.nn.Parameter]]) -> NamedTensors:
+        if self.zero_stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters([p for _, p in bucket], modifier_rank=None):
+                return [(n, p.detach().clone().cpu()) for n, p in bucket]
+        return [(n, p.detach().cpu()) for n, p in bucket]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {n: t for bucket in self.weight_buckets() for n, t in bucket}
+
+    # --- checkpoints
+    def save_checkpoint(self, path: str) -> None:
+        rng = {
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        }
+        self.engine.save_checkpoint(path, tag=self.role, client_state={"rng": rng}, save_latest=False)
+
+    def load_checkpoint(self, path: str) -> None:
+        _, client = self.engine.load_checkpoint(path, tag=self.role, load_optimizer_states=True, load_lr_scheduler_states=True)
+        if client is None:
+            raise FileNotFoundError(f"no {self.role} checkpoint in {path}")
+        rng = client["rng"]
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"])
+        if rng["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+
+    # --- memory
+    def offload(self) -> None:
+        if self.device.type != "cpu":
+            self.engine.module.to("cpu")
+            torch.cuda.empty_cache()
+        gc.collect()
+
+    def reload(self) -> None:
+        if self.device.type != "cpu":
+            self.engine.module.to(self.device)
+
+
+def _numel(param: torch.nn.Parameter) -> int:
+    return int(getattr(param, "ds_numel", param.numel()))  # ZeRO-3 partitions keep the full size here
+
+
+def _hidden_size(model: torch.nn.Module) -> int:
+    config = getattr(model, "config", None) or getattr(getattr(model, "body", None), "config", None)
+    return int(getattr(config, "hidden_size", 1024))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,42 @@
+import copy
+
+import torch
+
+from roll.algorithms.losses import ActorLossConfig, actor_loss
+from roll.configs.schema import ModelArgs, StrategyArgs, TrainingArgs, WorkerConfig
+from roll.distributed.batch import Batch
+
+
+def worker_config(path, strategy="deepspeed_train", stage=0, lr=1e-2, micro=2, gas=2, model_type=None, dtype="fp32"):
+    sc = {"zero_optimization": {"stage": stage}} if strategy == "deepspeed_train" else None
+    return WorkerConfig(
+        model_args=ModelArgs(model_name_or_path=path, dtype=dtype, disable_gradient_checkpointing=True, model_type=model_type),
+        training_args=TrainingArgs(learning_rate=lr, per_device_train_batch_size=micro, gradient_accumulation_steps=gas),
+        strategy_args=StrategyArgs(strategy, sc),
+        infer_batch_size=3,
+    )
+
+
+def fixed_batch(rows=4, length=12, seed=0, vocab=500):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (rows, length), generator=g)
+    attention = torch.ones(rows, length, dtype=torch.long)
+    attention[1, -3:] = 0  # right padding on one row
+    response = torch.zeros(rows, length, dtype=torch.long)
+    response[:, length // 2:] = 1
+    response = response * attention
+    return Batch({"input_ids": ids, "attention_mask": attention, "response_mask": response,
+                  "advantages": torch.ones(rows, length), "old_logprobs": torch.zeros(rows, length)})
+
+
+def ppo_loss_fn(micro, out, counts):
+    """PPO surrogate with the batch's advantages and old log-probs (old = current at step 0)."""
+    cfg = ActorLossConfig(agg_mode="token-mean")
+    old = micro["old_logprobs"]
+    return actor_loss(out.logprobs, old, micro["advantages"], micro["response_mask"].float(), cfg, counts=counts)
+
+
+def with_old_logprobs(batch, logprobs):
+    b = copy.copy(batch)
+    b.tensors = dict(batch.tensors, old_logprobs=logprobs)
+    return b

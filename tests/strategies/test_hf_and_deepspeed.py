@@ -1,0 +1,149 @@
+"""hf_infer and deepspeed_train on CPU with a tiny model: log-prob agreement, learning, ZeRO
+stages, weight sync, checkpoints, generation."""
+
+import pytest
+import torch
+
+from roll.algorithms.losses import GlobalCounts, value_loss
+from roll.configs.errors import ConfigError
+from roll.strategies.base import SamplingParams
+from roll.strategies.deepspeed_train import DeepSpeedTrainStrategy, fill_ds_config
+from roll.strategies.hf_infer import HFInferStrategy
+from roll.strategies.registry import StrategyRegistry
+
+from .helpers import fixed_batch, ppo_loss_fn, with_old_logprobs, worker_config
+
+
+@pytest.fixture(scope="module")
+def infer(tiny_model_path):
+    s = HFInferStrategy(worker_config(tiny_model_path, "hf_infer"))
+    s.initialize()
+    return s
+
+
+def make_train(path, **kw):
+    s = DeepSpeedTrainStrategy(worker_config(path, **kw), role="critic" if kw.get("model_type") else "actor_train", seed=1)
+    s.initialize()
+    return s
+
+
+def test_logprobs_agree_between_backends(infer, tiny_model_path):
+    train = make_train(tiny_model_path)
+    batch = fixed_batch()
+    a, b = infer.compute_log_probs(batch), train.compute_log_probs(batch)
+    assert a.shape == batch["input_ids"].shape and a[:, 0].abs().max() == 0
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_train_step_lowers_the_loss_on_its_batch(tiny_model_path, stage):
+    train = make_train(tiny_model_path, stage=stage)
+    batch = fixed_batch()
+    before = train.compute_log_probs(batch)
+    b = with_old_logprobs(batch, before)
+    loss_before = ppo_loss_fn(b, type("O", (), {"logprobs": before})(), GlobalCounts.of(b["response_mask"]))[0]
+    metrics = train.train_step(b, ppo_loss_fn)
+    after = train.compute_log_probs(batch)
+    loss_after = ppo_loss_fn(b, type("O", (), {"logprobs": after})(), GlobalCounts.of(b["response_mask"]))[0]
+    assert loss_after < loss_before
+    assert metrics["actor/optimizer_steps"] == 1.0 and metrics["actor/grad_norm"] > 0 and metrics["actor/lr"] == 1e-2
+
+
+def test_weight_sync_makes_inference_match_training(tiny_model_path):
+    train = make_train(tiny_model_path, stage=3)
+    infer = HFInferStrategy(worker_config(tiny_model_path, "hf_infer"))
+    infer.initialize()
+    batch = fixed_batch()
+    train.train_step(with_old_logprobs(batch, train.compute_log_probs(batch)), ppo_loss_fn)
+    assert not torch.allclose(infer.compute_log_probs(batch), train.compute_log_probs(batch), atol=1e-5)
+    buckets = list(train.weight_buckets(bucket_bytes=20_000))  # small buckets: several round trips
+    assert len(buckets) > 1
+    for bucket in buckets:
+        infer.load_weights(bucket)
+    torch.testing.assert_close(infer.compute_log_probs(batch), train.compute_log_probs(batch), atol=1e-5, rtol=0)
+
+
+def test_checkpoint_round_trip_gives_identical_next_step(tiny_model_path, tmp_path):
+    batch = fixed_batch(seed=3)
+    a = make_train(tiny_model_path, stage=2)
+    a.train_step(with_old_logprobs(batch, a.compute_log_probs(batch)), ppo_loss_fn)
+    a.save_checkpoint(str(tmp_path / "ckpt"))
+    b = make_train(tiny_model_path, stage=2)
+    b.load_checkpoint(str(tmp_path / "ckpt"))
+    torch.testing.assert_close(a.compute_log_probs(batch), b.compute_log_probs(batch), atol=0, rtol=0)
+    ma = a.train_step(with_old_logprobs(batch, a.compute_log_probs(batch)), ppo_loss_fn)
+    mb = b.train_step(with_old_logprobs(batch, b.compute_log_probs(batch)), ppo_loss_fn)
+    assert ma["actor/loss"] == mb["actor/loss"]  # same weights, optimizer state and schedule
+    torch.testing.assert_close(a.compute_log_probs(batch), b.compute_log_probs(batch), atol=0, rtol=0)
+
+
+def test_loading_a_missing_checkpoint_is_an_error(tiny_model_path, tmp_path):
+    s = make_train(tiny_model_path)
+    with pytest.raises(FileNotFoundError, match="no actor_train checkpoint"):
+        s.load_checkpoint(str(tmp_path / "nothing"))
+
+
+def test_critic_values_and_value_training(tiny_model_path):
+    critic = make_train(tiny_model_path, model_type="value", lr=5e-2)
+    batch = fixed_batch()
+    values = critic.compute_values(batch)
+    assert values.shape == batch["input_ids"].shape and values.abs().max() == 0  # zero-initialised head
+    returns = torch.full_like(values, 0.5)
+
+    def loss_fn(micro, out, counts):
+        return value_loss(out.values, torch.zeros_like(out.values), torch.full_like(out.values, 0.5),
+                          micro["response_mask"].float(), counts=counts)
+
+    critic.train_step(batch, loss_fn)
+    after = critic.compute_values(batch)
+    mask = batch["response_mask"].bool()
+    assert (after[mask] - returns[mask]).abs().mean() < 0.5
+    with pytest.raises(RuntimeError, match="no log-probs"):
+        critic.compute_log_probs(batch)
+
+
+def test_generate_returns_sampled_tokens_and_their_logprobs(infer):
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12]]
+    out = infer.generate(prompts, SamplingParams(max_new_tokens=6, temperature=1.0, seed=0))
+    assert len(out) == 2
+    for prompt, gen in zip(prompts, out):
+        assert 1 <= len(gen.token_ids) <= 6 and len(gen.logprobs) == len(gen.token_ids)
+        assert gen.finish_reason in ("stop", "length")
+        # The returned log-probs are the model's log-probs of exactly these tokens.
+        seq = torch.tensor([prompt + gen.token_ids])
+        from roll.distributed.batch import Batch
+
+        lp = infer.compute_log_probs(Batch({"input_ids": seq, "attention_mask": torch.ones_like(seq)}))[0, len(prompt):]
+        torch.testing.assert_close(torch.tensor(gen.logprobs), lp, atol=1e-4, rtol=0)
+    again = infer.generate(prompts, SamplingParams(max_new_tokens=6, temperature=1.0, seed=0))
+    assert [g.token_ids for g in again] == [g.token_ids for g in out]  # seeded sampling is reproducible
+    greedy = infer.generate(prompts, SamplingParams(max_new_tokens=4, temperature=0.0))
+    assert all(g.finish_reason == "length" or g.token_ids[-1] in infer.eos_ids for g in greedy)
+
+
+def test_ds_config_autos_are_filled():
+    from roll.configs.schema import TrainingArgs
+
+    cfg = fill_ds_config({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                          "gradient_clipping": "auto", "bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"}},
+                         TrainingArgs(per_device_train_batch_size=2, gradient_accumulation_steps=4), world_size=8, dtype="bf16",
+                         max_grad_norm=0.5, hidden_size=16)
+    assert (cfg["train_batch_size"], cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (64, 2, 4)
+    assert cfg["gradient_clipping"] == 0.5 and cfg["bf16"]["enabled"] is True and cfg["fp16"]["enabled"] is False
+    assert cfg["zero_optimization"]["reduce_bucket_size"] == 256
+
+
+def test_registry_errors_are_clear():
+    reg = StrategyRegistry()
+    with pytest.raises(ConfigError, match="did you mean 'hf_infer'"):
+        reg.resolve("hf_infr", "actor_infer")
+    if not torch.cuda.is_available():
+        for name in ("vllm", "sglang", "megatron_train"):
+            with pytest.raises(ConfigError, match="needs a CUDA GPU"):
+                reg.resolve(name, "actor_infer")
+    assert reg.resolve("hf_infer") is HFInferStrategy
+    reg.register("mine", HFInferStrategy)
+    assert reg.resolve("mine") is HFInferStrategy
+    assert reg.resolve("roll.strategies.hf_infer.HFInferStrategy") is HFInferStrategy
+    with pytest.raises(ConfigError, match="cannot import"):
+        reg.resolve("no.such.Thing")
