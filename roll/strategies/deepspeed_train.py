@@ -242,6 +242,8 @@ class DeepSpeedTrainStrategy(TrainStrategy):
         self.engine.save_checkpoint(path, tag=self.role, client_state={"rng": rng}, save_latest=False)
 
     def load_checkpoint(self, path: str) -> None:
+        if not os.path.isdir(os.path.join(path, self.role)):  # DeepSpeed would fail with a bare assert
+            raise FileNotFoundError(f"no {self.role} checkpoint in {path}")
         _, client = self.engine.load_checkpoint(path, tag=self.role, load_optimizer_states=True, load_lr_scheduler_states=True)
         if client is None:
             raise FileNotFoundError(f"no {self.role} checkpoint in {path}")
