@@ -15,6 +15,18 @@ NamedTensors = list[tuple[str, torch.Tensor]]
 
 
 @dataclass(frozen=True)
+class StrategyContext:
+    """What a strategy needs to know beyond its role's worker config."""
+
+    role: str = "actor_train"
+    rank: int = 0
+    world_size: int = 1
+    seed: int = 42
+    max_grad_norm: float = 1.0
+    total_steps: int = 1000  # optimizer steps the LR schedule spans
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int = 128
     temperature: float = 1.0

@@ -16,14 +16,15 @@ import torch
 from roll.distributed.batch import Batch
 from roll.models.loading import load_causal_lm, load_tokenizer
 from roll.models.logprobs import forward_logprobs
-from roll.strategies.base import Generation, InferenceStrategy, NamedTensors, SamplingParams
+from roll.strategies.base import Generation, InferenceStrategy, NamedTensors, SamplingParams, StrategyContext
 
 log = logging.getLogger(__name__)
 
 
 class HFInferStrategy(InferenceStrategy):
-    def __init__(self, worker_config: Any, device: str | None = None) -> None:
+    def __init__(self, worker_config: Any, context: StrategyContext | None = None, device: str | None = None) -> None:
         self.config = worker_config
+        self.context = context or StrategyContext(role="actor_infer")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model: torch.nn.Module | None = None
         self.tokenizer: Any = None

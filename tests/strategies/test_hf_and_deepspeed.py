@@ -6,7 +6,7 @@ import torch
 
 from roll.algorithms.losses import GlobalCounts, value_loss
 from roll.configs.errors import ConfigError
-from roll.strategies.base import SamplingParams
+from roll.strategies.base import SamplingParams, StrategyContext
 from roll.strategies.deepspeed_train import DeepSpeedTrainStrategy, fill_ds_config
 from roll.strategies.hf_infer import HFInferStrategy
 from roll.strategies.registry import StrategyRegistry
@@ -22,7 +22,8 @@ def infer(tiny_model_path):
 
 
 def make_train(path, **kw):
-    s = DeepSpeedTrainStrategy(worker_config(path, **kw), role="critic" if kw.get("model_type") else "actor_train", seed=1)
+    role = "critic" if kw.get("model_type") else "actor_train"
+    s = DeepSpeedTrainStrategy(worker_config(path, **kw), StrategyContext(role=role, seed=1))
     s.initialize()
     return s
 

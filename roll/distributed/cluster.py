@@ -1,0 +1,101 @@
+"""A Cluster: one role's Ray actors, called by the driver as one object (single controller).
+
+``call`` runs a method on every rank with the same arguments; ``dispatch`` splits a Batch over
+the data-parallel ranks (balanced by tokens) and gathers the result back in row order. Every
+call is bounded by ``rpc_timeout``; a dead worker or a timeout raises an error naming the role,
+the rank and the method.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from roll.distributed.batch import Batch
+from roll.distributed.resources import ResourceManager
+
+log = logging.getLogger(__name__)
+
+
+STARTUP_TIMEOUT = 600.0  # starting a worker process (imports, Ray scheduling), separate from rpc_timeout
+
+
+class WorkerDiedError(RuntimeError):
+    pass
+
+
+class RpcTimeoutError(TimeoutError):
+    pass
+
+
+class Cluster:
+    def __init__(
+        self,
+        role: str,
+        worker_cls: type,
+        worker_config: Any,
+        resources: ResourceManager,
+        settings: dict[str, Any],
+        rpc_timeout: float = 3600.0,
+    ) -> None:
+        import ray
+
+        self.role = role
+        self.rpc_timeout = rpc_timeout
+        devices = worker_config.device_mapping
+        per = worker_config.num_gpus_per_worker
+        self.world_size = len(devices) // per
+        env = {str(k): str(v) for k, v in (settings.get("system_envs") or {}).items()}
+        env.update({str(k): str(v) for k, v in worker_config.system_envs.items()})
+        remote_cls = ray.remote(worker_cls)
+        self.workers = []
+        for rank in range(self.world_size):
+            rank_devices = devices[rank * per:(rank + 1) * per]
+            options = resources.actor_options(rank_devices, env)
+            self.workers.append(
+                remote_cls.options(name=None, max_concurrency=4, **options).remote(role, rank, self.world_size, worker_config, settings)
+            )
+        # Every rank joins one process group (DeepSpeed needs it even with one rank).
+        addr, port = self._get(self.workers[0].master_address.remote(), 0, "master_address", STARTUP_TIMEOUT)
+        for rank, w in enumerate(self.workers):
+            self._get(w.setup_distributed.remote(addr, port), rank, "setup_distributed", STARTUP_TIMEOUT)
+
+    # --- calls
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Run ``method`` on every rank with the same arguments; results in rank order."""
+        refs = [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
+        return [self._get(ref, rank, method) for rank, ref in enumerate(refs)]
+
+    def call_rank0(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self.call(method, *args, **kwargs)[0]
+
+    def dispatch(self, method: str, batch: Batch, *args: Any, **kwargs: Any) -> Any:
+        """Split ``batch`` over the ranks and run ``method`` on each part. Batch results are gathered
+        back into row order; other results (metrics) come back as a list in rank order."""
+        parts = batch.split(self.world_size)
+        refs = [getattr(w, method).remote(part, *args, **kwargs) for w, part in zip(self.workers, parts)]
+        results = [self._get(ref, rank, method) for rank, ref in enumerate(refs)]
+        if not all(isinstance(r, Batch) for r in results):
+            return results
+        for part, result in zip(parts, results):
+            result.meta["_row_order"] = part.meta["_row_order"]
+        return Batch.gather(results)
+
+    def _get(self, ref: Any, rank: int, method: str, timeout: float | None = None) -> Any:
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        timeout = self.rpc_timeout if timeout is None else timeout
+        try:
+            return ray.get(ref, timeout=timeout)
+        except GetTimeoutError:
+            raise RpcTimeoutError(f"{self.role} rank {rank}: {method} did not finish within rpc_timeout={timeout}s") from None
+        except RayActorError as e:
+            raise WorkerDiedError(f"{self.role} rank {rank} died during {method}: {str(e).splitlines()[0]}") from None
+
+    def shutdown(self) -> None:
+        import ray
+
+        for w in self.workers:
+            ray.kill(w)
+        self.workers = []
