@@ -208,6 +208,10 @@ class DeepSpeedTrainStrategy(TrainStrategy):
         return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
 
     # --- weights
+    def weight_sizes(self) -> list[tuple[str, int]]:
+        """(name, bytes) of every weight in sync order."""
+        return [(n, _numel(p) * p.element_size()) for n, p in self.engine.module.named_parameters()]
+
     def weight_buckets(self, bucket_bytes: int = 256 << 20) -> Iterator[NamedTensors]:
         """(name, tensor) lists of at most ``bucket_bytes`` each; ZeRO-3 gathers one bucket at a time."""
         bucket: list[tuple[str, torch.nn.Parameter]] = []

@@ -43,6 +43,11 @@ class RoleWorker:
         self.strategy = cls(self.config, self.context())
         self.strategy.initialize()
 
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     def ping(self, seconds: float = 0.0) -> int:
         time.sleep(seconds)
         return self.rank

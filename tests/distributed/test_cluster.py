@@ -41,7 +41,8 @@ def train_batch(seed=0):
     return b
 
 
-def test_colocated_train_and_infer_sync(resources, tiny_model_path):
+@pytest.mark.parametrize("transport", ["auto", "object_store"])
+def test_colocated_train_and_infer_sync(resources, tiny_model_path, transport):
     train = cluster("actor_train", ActorTrainWorker, worker_config(tiny_model_path, stage=2), [0], resources)
     infer = cluster("actor_infer", ActorInferWorker, worker_config(tiny_model_path, "hf_infer"), [0], resources)
     batch = train_batch()
@@ -49,7 +50,7 @@ def test_colocated_train_and_infer_sync(resources, tiny_model_path):
     assert torch.allclose(old, infer.dispatch("compute_log_probs", batch)["infer_logprobs"], atol=1e-5)
     metrics = train.dispatch("train_step", with_old_logprobs(batch, old), LOSS)
     assert metrics[0]["actor/optimizer_steps"] == 1.0
-    stats = train.call("sync_weights", infer.workers, 50_000)
+    stats = train.call("sync_weights", infer.workers, 50_000, transport)
     assert stats[0]["weight_sync/bytes"] > 0
     torch.testing.assert_close(train.dispatch("compute_log_probs", batch)["old_logprobs"],
                                infer.dispatch("compute_log_probs", batch)["infer_logprobs"], atol=1e-5, rtol=0)
