@@ -27,6 +27,7 @@ def main() -> None:
     p.add_argument("--length", type=int, default=256)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--stage", type=int, default=2)
+    p.add_argument("--ds", default="examples/config/deepspeed_zero2.yaml", help="DeepSpeed config piece (yaml)")
     args = p.parse_args()
     path = _common.model_path(args.model)
     torch.manual_seed(0)
@@ -55,12 +56,17 @@ def main() -> None:
     base = tokens / (sum(times) / len(times))
     del model, opt
 
+    import yaml
+
     from roll.distributed.batch import Batch
     from roll.strategies.base import StrategyContext
     from roll.strategies.deepspeed_train import DeepSpeedTrainStrategy
 
-    strategy = DeepSpeedTrainStrategy(_common.worker_config(path, "deepspeed_train", stage=args.stage, micro=args.rows),
-                                      StrategyContext(seed=0))
+    cfg = _common.worker_config(path, "deepspeed_train", stage=args.stage, micro=args.rows)
+    piece = yaml.safe_load(open(args.ds))
+    cfg.strategy_args.strategy_config = next(iter(piece.values()))
+    args.stage = cfg.strategy_args.strategy_config["zero_optimization"]["stage"]
+    strategy = DeepSpeedTrainStrategy(cfg, StrategyContext(seed=0))
     strategy.initialize()
     batch = Batch({"input_ids": ids, "attention_mask": mask, "response_mask": mask})
     times = []
