@@ -46,7 +46,7 @@ def opt(default: Any = MISSING, help: str = "", *, factory: Any = MISSING, statu
 # Issue numbers of the parts that wire keys accepted now.
 ROLLOUT = "not yet wired (env managers, issue 6)"
 PIPELINE = "not yet wired (pipeline, issue 7)"
-WORKERS = "not yet wired (workers, issue 5)"
+WORKERS = None  # wired: roll.strategies / roll.workers / roll.distributed use these keys
 ALGOS = "in roll.algorithms; not yet wired into training (pipeline, issue 7)"
 GPU = "not yet wired (GPU backends, issue 8)"
 
@@ -110,16 +110,16 @@ class DataArgs:
 @dataclass
 class GeneratingArgs:
     max_new_tokens: int | None = opt(
-        None, "Max tokens generated per call (per turn in agentic rollouts). Unset: response_length.", status=WORKERS
+        None, "Max tokens generated per call (per turn in agentic rollouts). Unset: response_length.", status=ROLLOUT
     )
-    temperature: float = opt(1.0, "Sampling temperature; 0 means greedy.", status=WORKERS)
-    top_p: float = opt(1.0, "Nucleus sampling probability mass.", status=WORKERS)
-    top_k: int = opt(-1, "Top-k sampling; 0 or -1 disables it.", status=WORKERS)
+    temperature: float = opt(1.0, "Sampling temperature; 0 means greedy.", status=ROLLOUT)
+    top_p: float = opt(1.0, "Nucleus sampling probability mass.", status=ROLLOUT)
+    top_k: int = opt(-1, "Top-k sampling; 0 or -1 disables it.", status=ROLLOUT)
     num_beams: int = opt(1, "Beam count; only 1 (sampling) is supported for RL rollouts.")
     num_return_sequences: int = opt(1, "Samples per prompt; agentic rollouts use group_size instead (forced to 1).")
-    repetition_penalty: float = opt(1.0, "Repetition penalty (1.0 = off).", status=WORKERS)
-    do_sample: bool = opt(True, "Sample (true) or decode greedily (false).", status=WORKERS)
-    stop_strings: list[str] | None = opt(None, "Extra strings that end a generation.", status=WORKERS)
+    repetition_penalty: float = opt(1.0, "Repetition penalty (1.0 = off).", status=ROLLOUT)
+    do_sample: bool = opt(True, "Sample (true) or decode greedily (false).", status=ROLLOUT)
+    stop_strings: list[str] | None = opt(None, "Extra strings that end a generation.", status=ROLLOUT)
 
 
 @dataclass
@@ -139,7 +139,7 @@ class StrategyArgs:
 
 @dataclass
 class WorkerConfig:
-    worker_cls: str | None = opt(None, "Import path of the worker class for this role; unset uses the built-in one.", status=WORKERS)
+    worker_cls: str | None = opt(None, "Import path of the worker class for this role; unset uses the built-in one.", status=PIPELINE)
     model_args: ModelArgs = opt(factory=ModelArgs, help="Model loading arguments.")
     training_args: TrainingArgs = opt(factory=TrainingArgs, help="Optimizer and batch arguments (training roles).")
     data_args: DataArgs = opt(factory=DataArgs, help="Prompt template and data arguments.")
