@@ -222,8 +222,9 @@ def _referenced_roots(texts: Iterable[str]) -> Iterable[str]:
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
+    """The error's message on one line (Hydra puts the reason on later lines)."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    return " ".join(lines[:3]) if lines else type(e).__name__
 
 
 def _key_of(e: BaseException) -> str:

@@ -1,0 +1,1 @@
+"""Env managers, token-exact conversations, the rollout scheduler and the pipeline loop."""

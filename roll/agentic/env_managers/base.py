@@ -1,0 +1,270 @@
+"""The episode loop shared by every env manager.
+
+An env manager owns a set of env slots (one env each, created from its ``custom_envs`` entry) and
+runs episodes on them concurrently, one thread per env. Generation goes through a ``generate``
+callable (the dynamic batcher), so env work never holds up other envs' generation. An env that
+raises drops only its episode: it is counted, the env is re-created, and the episode is retried
+with the same seed up to ``max_env_retries`` times.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from roll.agentic.conversation import ChatTemplate, TokenRow
+from roll.strategies.base import Generation, SamplingParams
+
+log = logging.getLogger(__name__)
+
+GenerateFn = Callable[[str, list[int], SamplingParams], Generation]
+DEFAULT_SYSTEM = "You're a helpful assistant."
+DEFAULT_TEMPLATE = "{observation}"
+
+
+@dataclass(frozen=True)
+class EnvSlot:
+    """One env of a manager: its id, its group (all envs of a group share config and seed) and tag."""
+
+    env_id: int
+    group_id: int
+    tag: str
+    entry: dict[str, Any]  # the custom_envs entry (env_type, env_config, templates, caps)
+
+
+@dataclass(frozen=True)
+class EpisodeRequest:
+    slot: EnvSlot
+    seed: int
+    episode: int  # index of this episode for the env in this collection
+
+
+@dataclass
+class StepRecord:
+    """One turn as a training row (step-wise managers)."""
+
+    row: TokenRow
+    reward: float
+    state_hash: str
+    step_idx: int
+
+
+@dataclass
+class Trajectory:
+    request: EpisodeRequest
+    row: TokenRow
+    turn_rewards: list[float]
+    metrics: dict[str, float]
+    messages: list[dict[str, Any]]
+    steps: list[StepRecord] = field(default_factory=list)
+    frames: list[np.ndarray] = field(default_factory=list)
+    turn_latencies: list[float] = field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None  # the tool schemas the episode declared
+
+    @property
+    def score(self) -> float:
+        return float(sum(self.turn_rewards))
+
+
+@dataclass
+class EnvError:
+    request: EpisodeRequest
+    message: str
+
+
+def state_hash(observation: str) -> str:
+    return hashlib.sha1(observation.encode()).hexdigest()[:16]
+
+
+class TrajEnvManager:
+    """Trajectory-wise: one training row per episode (StarPO style)."""
+
+    granularity = "trajectory"
+
+    def __init__(
+        self,
+        slots: list[EnvSlot],
+        template: ChatTemplate,
+        generate: GenerateFn,
+        params: SamplingParams,
+        sequence_length: int,
+        max_env_retries: int = 3,
+        keep_frames: bool = False,
+    ) -> None:
+        self.slots = slots
+        self.template = template
+        self.generate = generate
+        self.params = params
+        self.sequence_length = sequence_length
+        self.max_env_retries = max_env_retries
+        self.keep_frames = keep_frames
+        self._envs: dict[int, Any] = {}
+
+    # --- hooks a custom env manager may override
+    def make_env(self, slot: EnvSlot) -> Any:
+        from envs.registration import make_env
+
+        entry = slot.entry
+        kwargs = dict(entry.get("env_config") or {})
+        if self.keep_frames:
+            kwargs.setdefault("render_mode", "rgb_array")
+        return make_env(entry["env_type"], entry.get("entry_point"), **kwargs)
+
+    def format_observation(self, slot: EnvSlot, observation: str, turn_idx: int, actions_left: int) -> str:
+        template = slot.entry.get("agent_template") or DEFAULT_TEMPLATE
+        return template.format(observation=observation, turn_idx=turn_idx, actions_left=actions_left,
+                               max_response_length=slot.entry.get("max_tokens_per_step", self.params.max_new_tokens))
+
+    def system_prompt(self, slot: EnvSlot) -> str:
+        return slot.entry.get("agent_system_template") or DEFAULT_SYSTEM
+
+    # --- running
+    def run(self, requests: list[EpisodeRequest]) -> tuple[list[Trajectory], list[EnvError]]:
+        """Run every request (episodes of one env run in order, envs in parallel)."""
+        by_env: dict[int, list[EpisodeRequest]] = {}
+        for r in requests:
+            by_env.setdefault(r.slot.env_id, []).append(r)
+        trajectories: list[Trajectory] = []
+        errors: list[EnvError] = []
+        with ThreadPoolExecutor(max_workers=max(1, len(by_env)), thread_name_prefix="env") as pool:
+            for trajs, errs in pool.map(self._run_env, by_env.values()):
+                trajectories += trajs
+                errors += errs
+        return trajectories, errors
+
+    def _run_env(self, requests: list[EpisodeRequest]) -> tuple[list[Trajectory], list[EnvError]]:
+        trajectories, errors = [], []
+        for request in requests:
+            for _attempt in range(self.max_env_retries + 1):
+                try:
+                    trajectories.append(self.run_episode(request))
+                    break
+                except Exception as e:  # noqa: BLE001 - an env fault drops this episode only
+                    errors.append(EnvError(request, f"{type(e).__name__}: {e}"))
+                    log.warning("env %s (%s) raised: %s; re-creating it", request.slot.env_id, request.slot.tag, e)
+                    self._envs.pop(request.slot.env_id, None)
+        return trajectories, errors
+
+    def _env(self, slot: EnvSlot) -> Any:
+        if slot.env_id not in self._envs:
+            self._envs[slot.env_id] = self.make_env(slot)
+        return self._envs[slot.env_id]
+
+    def run_episode(self, request: EpisodeRequest) -> Trajectory:
+        slot = request.slot
+        entry = slot.entry
+        env = self._env(slot)
+        max_turns = int(entry.get("max_steps", 10))
+        step_cap = int(entry.get("max_tokens_per_step", self.params.max_new_tokens))
+        t_env = time.perf_counter()
+        obs, info = env.reset(seed=request.seed)
+        env_time = time.perf_counter() - t_env
+        tools = info.get("tools")
+        system = {"role": "system", "content": self.template.system_content(self.system_prompt(slot), tools)}
+        first = self.format_observation(slot, obs, 1, max_turns)
+        instruction = info.get("env_instruction")
+        user = {"role": "user", "content": f"{instruction}\n{first}" if instruction else first}
+        messages: list[dict[str, Any]] = [system, user]
+        row = TokenRow()
+        row.add_context(self.template.prompt_ids(messages, tools))
+        history = _History(env)
+        frames = [env.render_rgb()] if self.keep_frames and hasattr(env, "render_rgb") else []
+        rewards: list[float] = []
+        latencies: list[float] = []
+        steps: list[StepRecord] = []
+        truncated_by = ""
+        for turn in range(max_turns):
+            budget = min(step_cap, self.sequence_length - len(row) - 1)
+            if budget <= 0:
+                truncated_by = "sequence_length"
+                break
+            prompt_row = self.turn_prompt(row, messages, tools, slot, turn)
+            t0 = time.perf_counter()
+            gen = self.generate(f"{slot.env_id}", prompt_row.input_ids, _with_budget(self.params, budget))
+            latencies.append(time.perf_counter() - t0)
+            text, closed = self._add_turn(row, prompt_row, gen, steps, obs, turn)
+            messages.append({"role": "assistant", "content": text})
+            t_env = time.perf_counter()
+            obs, reward, terminated, truncated, step_info = env.step(text)
+            env_time += time.perf_counter() - t_env
+            history.add(step_info, len(gen.token_ids), gen.finish_reason)
+            rewards.append(float(reward))
+            if steps:
+                steps[-1].reward = float(reward)
+            if frames:
+                frames.append(env.render_rgb())
+            if terminated or truncated:
+                truncated_by = "env" if truncated else ""
+                break
+            role = step_info.get("observation_role", "user")
+            content = obs if role == "tool" else self.format_observation(slot, obs, turn + 2, max_turns - turn - 1)
+            message = {"role": role, "content": content}
+            delta = self.template.delta_ids(message, tools)
+            if len(row) + len(delta) >= self.sequence_length:
+                truncated_by = "sequence_length"
+                break
+            row.add_context(delta)
+            messages.append(message)
+        else:
+            truncated_by = "max_steps"
+        metrics = history.metrics(truncated_by)
+        metrics["env_time_s"] = env_time
+        return Trajectory(request, row, rewards, metrics, messages, steps, frames, latencies, tools)
+
+    # --- per-granularity pieces
+    def turn_prompt(self, row: TokenRow, messages: list[dict[str, Any]], tools: list | None, slot: EnvSlot, turn: int) -> TokenRow:
+        """The tokens the policy is conditioned on for this turn: the whole conversation so far."""
+        return row
+
+    def _add_turn(self, row: TokenRow, prompt: TokenRow, gen: Generation, steps: list[StepRecord], obs: str, turn: int) -> tuple[str, bool]:
+        ids = list(gen.token_ids)
+        closed = bool(ids) and ids[-1] == self.template.eos_id
+        row.add_response(ids, gen.logprobs)
+        if not closed:
+            row.add_context([self.template.eos_id])  # close the turn so the next message follows the template
+        return self.template.decode(ids[:-1] if closed else ids), closed
+
+
+class _History:
+    """Per-episode metric aggregation following the env's declared metric_aggregation."""
+
+    def __init__(self, env: Any) -> None:
+        self.aggregation = dict(getattr(env, "metric_aggregation", {}))
+        self.values: dict[str, list[float]] = {}
+        self.response_lengths: list[int] = []
+        self.hit_token_cap = 0
+
+    def add(self, info: dict[str, Any], response_tokens: int, finish_reason: str) -> None:
+        for k, v in (info.get("metrics") or {}).items():
+            self.values.setdefault(k, []).append(float(v))
+        self.response_lengths.append(response_tokens)
+        self.hit_token_cap += finish_reason == "length"
+
+    def metrics(self, truncated_by: str) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for k, vals in self.values.items():
+            how = self.aggregation.get(k, "mean")
+            out[k] = vals[-1] if how == "last" else sum(vals) if how == "sum" else sum(vals) / len(vals)
+        valid = self.values.get("action_is_valid", [])
+        out["num_actions"] = float(len(self.response_lengths))
+        out["format_errors"] = float(sum(1 for v in valid if v == 0.0))
+        out["response_length"] = float(np.mean(self.response_lengths)) if self.response_lengths else 0.0
+        out["turns_hit_token_cap"] = float(self.hit_token_cap)
+        for reason in ("max_steps", "sequence_length", "env"):
+            out[f"truncated_{reason}"] = float(truncated_by == reason)
+        return out
+
+
+def _with_budget(params: SamplingParams, budget: int) -> SamplingParams:
+    if params.max_new_tokens == budget:
+        return params
+    from dataclasses import replace
+
+    return replace(params, max_new_tokens=budget)

@@ -1,0 +1,346 @@
+"""The rollout scheduler: env groups x the inference workers -> a training Batch.
+
+``num_env_groups`` groups of ``group_size`` envs are split over ``tags`` by
+``num_groups_partition``; every env of a group gets the same config and, per episode, the same
+seed (a GRPO group). Env managers run concurrently (threads in-process, or Ray actors each hosting
+``max_env_num_per_worker`` envs) and send generation requests to one dynamic batcher in front of
+the inference workers. ``collect(n)`` runs ``max_traj_per_env`` episodes per env and returns whole
+groups until ``n`` trajectories, with per-tag metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from roll.agentic.conversation import ChatTemplate
+from roll.agentic.env_managers.base import EnvError, EnvSlot, EpisodeRequest, Trajectory
+from roll.agentic.render import write_trajectory
+from roll.distributed.batch import Batch
+from roll.strategies.base import SamplingParams
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MANAGER = "roll.agentic.env_managers.trajectory.TrajEnvManager"
+# ROLL's class paths, so ROLL configs keep working.
+MANAGER_ALIASES = {
+    "roll.pipeline.agentic.env_manager.traj_env_manager.TrajEnvManager": DEFAULT_MANAGER,
+    "roll.pipeline.agentic.env_manager.step_env_manager.StepEnvManager": "roll.agentic.env_managers.step.StepEnvManager",
+}
+
+
+def import_path(path: str) -> Any:
+    from envs.registration import load_entry_point
+
+    return load_entry_point(MANAGER_ALIASES.get(path, path))
+
+
+def build_slots(custom_envs: dict[str, Any], em: Any) -> list[EnvSlot]:
+    """Env slots of an env-manager config: groups split over tags, group_size envs per group."""
+    slots, group = [], 0
+    for tag, n_groups in zip(em.tags, em.num_groups_partition):
+        entry = custom_envs[tag]
+        entry = dataclasses.asdict(entry) if dataclasses.is_dataclass(entry) else dict(entry)
+        for _ in range(n_groups):
+            for _ in range(em.group_size):
+                slots.append(EnvSlot(len(slots), group, tag, entry))
+            group += 1
+    return slots
+
+
+def mix_seed(*parts: Any) -> int:
+    """A stable 31-bit seed from parts (same value in every process and run)."""
+    return zlib.crc32(":".join(map(str, parts)).encode()) & 0x7FFFFFFF
+
+
+@dataclass
+class RolloutResult:
+    batch: Batch
+    metrics: dict[str, float]
+    trajectories: list[Trajectory]
+
+
+ManagerFactory = Callable[[str, list[EnvSlot]], Any]  # (class path, slots) -> object with .run(requests)
+
+
+class RolloutScheduler:
+    def __init__(
+        self,
+        *,
+        name: str,
+        slots: list[EnvSlot],
+        em_config: Any,
+        template: ChatTemplate,
+        factory: ManagerFactory,
+        seed: int,
+        render_dir: str | None = None,
+        render_count: int = 4,
+        take_generation_stats: Callable[[], dict[str, float]] | None = None,
+    ) -> None:
+        self.name = name
+        self.slots = slots
+        self.em = em_config
+        self.template = template
+        self.seed = seed
+        self.render_dir = Path(render_dir) if render_dir else None
+        self.render_count = render_count
+        self.take_generation_stats = take_generation_stats
+        per_host = self.em.max_env_num_per_worker or len(slots) or 1
+        self.managers = []
+        for cls_path, group_slots in self._by_manager().items():
+            for start in range(0, len(group_slots), per_host):  # max_env_num_per_worker envs per manager
+                self.managers.append(factory(cls_path, group_slots[start:start + per_host]))
+        grans = {m.granularity for m in self.managers}
+        if len(grans) > 1:
+            raise ValueError(f"{name}: cannot mix trajectory-wise and step-wise env managers in one rollout")
+        self.granularity = grans.pop() if grans else "trajectory"
+
+    def _by_manager(self) -> dict[str, list[EnvSlot]]:
+        out: dict[str, list[EnvSlot]] = {}
+        for slot in self.slots:
+            path = slot.entry.get("env_manager_cls") or self.em.env_manager_cls or DEFAULT_MANAGER
+            out.setdefault(path, []).append(slot)
+        return out
+
+    def requests(self, step: int) -> list[EpisodeRequest]:
+        """``max_traj_per_env`` episodes per env; the envs of a group share each episode's seed."""
+        out = []
+        for k in range(self.em.max_traj_per_env):
+            for slot in self.slots:
+                out.append(EpisodeRequest(slot, mix_seed(self.seed, self.name, step, slot.group_id, k), k))
+        return out
+
+    def collect(self, n: int, step: int = 0) -> RolloutResult:
+        start = time.perf_counter()
+        requests = self.requests(step)
+        trajectories: list[Trajectory] = []
+        errors: list[EnvError] = []
+        if len(self.managers) == 1:
+            trajectories, errors = self.managers[0].run(requests)
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+
+            ids = [{s.env_id for s in m.slots} for m in self.managers]
+            with ThreadPoolExecutor(len(self.managers)) as pool:
+                parts = pool.map(lambda mi: mi[0].run([r for r in requests if r.slot.env_id in mi[1]]), zip(self.managers, ids))
+                for t, e in parts:
+                    trajectories += t
+                    errors += e
+        wall = time.perf_counter() - start
+        chosen, incomplete = self._whole_groups(trajectories, n)
+        batch = self.to_batch(chosen, step)
+        metrics = self._metrics(chosen, errors, incomplete, wall)
+        if self.render_dir is not None:
+            self._render(chosen, step)
+        return RolloutResult(batch, metrics, chosen)
+
+    def _whole_groups(self, trajectories: list[Trajectory], n: int) -> tuple[list[Trajectory], int]:
+        groups: dict[tuple[int, int], list[Trajectory]] = {}
+        for t in trajectories:
+            groups.setdefault((t.request.episode, t.request.slot.group_id), []).append(t)
+        size = self.em.group_size
+        complete = [k for k in sorted(groups) if len(groups[k]) == size]
+        partial = [k for k in sorted(groups) if len(groups[k]) != size]
+        chosen: list[Trajectory] = []
+        used_partial = 0
+        for key in complete + partial:  # whole groups first; partial ones only when short
+            if len(chosen) >= n:
+                break
+            used_partial += key in partial
+            chosen += sorted(groups[key], key=lambda t: t.request.slot.env_id)
+        return chosen, used_partial
+
+    # --- rows
+    def group_key(self, t: Trajectory, step: int) -> str:
+        return f"{self.name}-{step}-g{t.request.slot.group_id}-e{t.request.episode}"
+
+    def to_batch(self, trajectories: list[Trajectory], step: int) -> Batch:
+        if self.granularity == "step":
+            return self._step_batch(trajectories, step)
+        rows = [t.row for t in trajectories]
+        batch = _pad_rows(rows, self.template.tokenizer.pad_token_id)
+        k = max((len(t.turn_rewards) for t in trajectories), default=1) or 1
+        turn_rewards = torch.zeros(len(trajectories), k)
+        for i, t in enumerate(trajectories):
+            turn_rewards[i, : len(t.turn_rewards)] = torch.tensor(t.turn_rewards, dtype=torch.float32)
+        tensors = {"scores": torch.tensor([t.score for t in trajectories], dtype=torch.float32), "turn_rewards": turn_rewards}
+        return batch | Batch(tensors, self._non_tensors(trajectories, step))
+
+    def _step_batch(self, trajectories: list[Trajectory], step: int) -> Batch:
+        rows, owners, records = [], [], []
+        for t in trajectories:
+            for rec in t.steps:
+                rows.append(rec.row)
+                owners.append(t)
+                records.append(rec)
+        batch = _pad_rows(rows, self.template.tokenizer.pad_token_id)
+        tensors = {
+            "scores": torch.tensor([t.score for t in owners], dtype=torch.float32),
+            "step_rewards": torch.tensor([r.reward for r in records], dtype=torch.float32),
+            "step_idx": torch.tensor([r.step_idx for r in records], dtype=torch.long),
+        }
+        non = self._non_tensors(owners, step)
+        non["state_hash"] = [r.state_hash for r in records]
+        return batch | Batch(tensors, non)
+
+    def _non_tensors(self, trajectories: list[Trajectory], step: int) -> dict[str, list]:
+        return {
+            "traj_id": [f"{self.group_key(t, step)}-env{t.request.slot.env_id}" for t in trajectories],
+            "traj_group_id": [self.group_key(t, step) for t in trajectories],
+            "tags": [t.request.slot.tag for t in trajectories],
+            "env_id": [t.request.slot.env_id for t in trajectories],
+            "episode_scores": [t.score for t in trajectories],
+            "step_scores": [list(t.turn_rewards) for t in trajectories],
+        }
+
+    # --- metrics
+    def _metrics(self, trajectories: list[Trajectory], errors: list[EnvError], incomplete: int, wall: float) -> dict[str, float]:
+        p = self.name
+        out: dict[str, float] = {f"{p}/env_errors": float(len(errors)), f"{p}/trajectories": float(len(trajectories)),
+                                 f"{p}/groups_incomplete": float(incomplete), f"time/{p}": wall}
+        by_tag: dict[str, list[Trajectory]] = {}
+        for t in trajectories:
+            by_tag.setdefault(t.request.slot.tag, []).append(t)
+        for tag, ts in by_tag.items():
+            out[f"{p}/{tag}/score"] = float(np.mean([t.score for t in ts]))
+            keys = sorted({k for t in ts for k in t.metrics})
+            for k in keys:
+                out[f"{p}/{tag}/{k}"] = float(np.mean([t.metrics.get(k, 0.0) for t in ts]))
+        if trajectories:
+            out[f"{p}/score"] = float(np.mean([t.score for t in trajectories]))
+            out[f"{p}/success"] = float(np.mean([t.metrics.get("success", 0.0) for t in trajectories]))
+            lat = [x for t in trajectories for x in t.turn_latencies]
+            if lat:
+                out[f"{p}/turn_latency_p50_s"] = float(np.percentile(lat, 50))
+                out[f"{p}/turn_latency_p99_s"] = float(np.percentile(lat, 99))
+            out[f"{p}/env_time_share"] = float(sum(t.metrics.get("env_time_s", 0.0) for t in trajectories)) / max(wall, 1e-9)
+        if self.take_generation_stats is not None:
+            g = self.take_generation_stats()
+            if g.get("generate_calls"):
+                out[f"{p}/mean_generate_batch"] = g["requests"] / g["generate_calls"]
+                out[f"{p}/generated_tokens"] = float(g["tokens"])
+                out[f"{p}/generate_tokens_per_s"] = g["tokens"] / max(wall, 1e-9)
+        return out
+
+    def _render(self, trajectories: list[Trajectory], step: int) -> None:
+        assert self.render_dir is not None
+        folder = self.render_dir / self.name / f"step_{step:05d}"
+        for t in trajectories[: self.render_count]:
+            name = f"{t.request.slot.tag}_env{t.request.slot.env_id}_ep{t.request.episode}"
+            write_trajectory(folder, name, t.messages, t.turn_rewards, t.metrics, t.frames)
+
+
+def _pad_rows(rows: list[Any], pad_id: int) -> Batch:
+    width = max((len(r) for r in rows), default=0)
+    n = len(rows)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    response = torch.zeros((n, width), dtype=torch.long)
+    logprobs = torch.zeros((n, width), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        L = len(r)
+        ids[i, :L] = torch.tensor(r.input_ids, dtype=torch.long)
+        attention[i, :L] = 1
+        response[i, :L] = torch.tensor(r.response_mask, dtype=torch.long)
+        logprobs[i, :L] = torch.tensor(r.logprobs, dtype=torch.float32)
+    position = (attention.cumsum(-1) - 1).clamp(min=0)
+    return Batch({"input_ids": ids, "attention_mask": attention, "position_ids": position,
+                  "response_mask": response, "infer_logprobs": logprobs})
+
+
+def local_factory(template: ChatTemplate, generate: Callable, params: SamplingParams, sequence_length: int,
+                  keep_frames: bool) -> ManagerFactory:
+    """Env managers in this process (threads): tests, debugging, the scripted policy."""
+
+    def make(cls_path: str, slots: list[EnvSlot]) -> Any:
+        return import_path(cls_path)(slots, template, generate, params, sequence_length, keep_frames=keep_frames)
+
+    return make
+
+
+class EnvManagerHost:
+    """The Ray actor that hosts one env manager (``worker_cls`` may name a replacement)."""
+
+    def __init__(self, cls_path: str, slots: list[EnvSlot], tokenizer_path: str, params: SamplingParams,
+                 sequence_length: int, keep_frames: bool, server: Any, system_envs: dict[str, str] | None = None) -> None:
+        import os
+
+        import ray
+        from transformers import AutoTokenizer
+
+        os.environ.update(system_envs or {})
+        template = ChatTemplate(AutoTokenizer.from_pretrained(tokenizer_path), tokenizer_path)
+
+        def generate(route: str, prompt: list[int], p: SamplingParams) -> Any:
+            return ray.get(server.generate.remote(route, prompt, p))
+
+        self.manager = import_path(cls_path)(slots, template, generate, params, sequence_length, keep_frames=keep_frames)
+
+    def granularity(self) -> str:
+        return self.manager.granularity
+
+    def run(self, requests: list[EpisodeRequest]) -> tuple[list[Trajectory], list[EnvError]]:
+        return self.manager.run(requests)
+
+
+class RemoteManager:
+    """Driver-side handle of an EnvManagerHost actor."""
+
+    def __init__(self, handle: Any, slots: list[EnvSlot]) -> None:
+        import ray
+
+        self.handle, self.slots = handle, slots
+        self.granularity = ray.get(handle.granularity.remote())
+
+    def run(self, requests: list[EpisodeRequest]) -> tuple[list[Trajectory], list[EnvError]]:
+        import ray
+
+        return ray.get(self.handle.run.remote(requests))
+
+
+def ray_factory(host_cls: type, tokenizer_path: str, params: SamplingParams, sequence_length: int, keep_frames: bool,
+                server: Any, system_envs: dict[str, str] | None = None) -> ManagerFactory:
+    """Env managers as Ray actors, each with its own env threads, sharing one generation server."""
+    import ray
+
+    remote_host = ray.remote(host_cls)
+
+    def make(cls_path: str, slots: list[EnvSlot]) -> Any:
+        handle = remote_host.options(num_cpus=0.0001, max_concurrency=2).remote(
+            cls_path, slots, tokenizer_path, params, sequence_length, keep_frames, server, system_envs)
+        return RemoteManager(handle, slots)
+
+    return make
+
+
+def sampling_params(cfg: Any, em: Any) -> SamplingParams:
+    gen_args = em.generating_args or cfg.actor_infer.generating_args
+    step_cap = max(int(cfg.custom_envs[t].max_tokens_per_step) for t in em.tags)
+    return SamplingParams.from_generating_args(gen_args, max_new_tokens=gen_args.max_new_tokens or step_cap)
+
+
+def make_rollout(cfg: Any, mode: str, template: ChatTemplate, factory_for: Callable[[SamplingParams, bool], ManagerFactory],
+                 take_stats: Callable | None = None, render: bool = True) -> RolloutScheduler:
+    """The train or validation rollout of a finalized PipelineConfig; ``factory_for(params, keep_frames)``
+    chooses where the env managers run (``local_factory`` or ``ray_factory``)."""
+    em = cfg.train_env_manager if mode == "train" else cfg.val_env_manager
+    keep_frames = bool(render and cfg.render_save_dir)
+    return RolloutScheduler(
+        name="rollout" if mode == "train" else "val",
+        slots=build_slots(cfg.custom_envs, em),
+        em_config=em,
+        template=template,
+        factory=factory_for(sampling_params(cfg, em), keep_frames),
+        seed=cfg.seed,
+        render_dir=cfg.render_save_dir if keep_frames else None,
+        take_generation_stats=take_stats,
+    )

@@ -1,0 +1,208 @@
+"""Rollouts with a scripted policy and a tiny model: token-exact rows, groups, seeds, step-wise
+rows, tool episodes, env faults, custom env managers."""
+
+import dataclasses
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from roll.agentic.conversation import ChatTemplate
+from roll.agentic.generation import RequestBatcher, ScriptedPolicy
+from roll.agentic.rollout import local_factory, make_rollout
+from roll.configs.loading import load_config
+
+from .support import QWEN_STYLE_TOOLS, RaisesCounter, RecordingBackend
+
+ANSWERS = ["<answer>Up</answer>", "<answer>Down</answer>", "<answer>Left</answer>", "<answer>Right</answer>", "no idea"]
+
+
+def config(*overrides):
+    base = ["rollout_batch_size=8", "val_batch_size=4", "train_env_manager.num_env_groups=2", "train_env_manager.group_size=4",
+            "train_env_manager.num_groups_partition=[2]", "sequence_length=4096", "render_save_dir=null",
+            "val_env_manager.num_env_groups=4", "val_env_manager.num_groups_partition=[4]"]
+    return load_config("agentic_sokoban", overrides=base + list(overrides)).config
+
+
+def rollout(cfg, tokenizer, backend, mode="train"):
+    template = ChatTemplate(tokenizer)
+    template.check_prefix_preserving()
+    batcher = RequestBatcher(backend, 1, max_batch_size=32, max_wait_s=0.005)
+    factory = lambda params, frames: local_factory(template, batcher.generate, params, cfg.sequence_length, frames)  # noqa: E731
+    return make_rollout(cfg, mode, template, factory, batcher.take_stats), template
+
+
+@pytest.fixture
+def tok(tiny_model_path):
+    return AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+def _sampled(recorder, prompt, tokens):
+    """The generation returned for exactly this prompt with exactly these tokens (envs of a group
+    share prompts, so the prompt alone is ambiguous)."""
+    matches = [g for p, g in recorder.records if p == prompt and g.token_ids == tokens]
+    assert matches, "no generation was sampled for this prompt with these tokens"
+    return matches[0]
+
+
+def assert_token_exact(result, template, recorder):
+    b = result.batch
+    for i, traj in enumerate(result.trajectories):
+        row = traj.row
+        ids = b["input_ids"][i][b["attention_mask"][i].bool()].tolist()
+        assert ids == row.input_ids
+        # decode(input_ids) is the chat-templated conversation (the row stops after the last model turn)
+        rendered = template.render(traj.messages, traj.tools if template.renders_tools() else None)
+        assert rendered.startswith(template.decode(ids))
+        # masked tokens are exactly the sampled ones, turn by turn, with their log-probs
+        mask = b["response_mask"][i][: len(ids)].bool()
+        sampled, logprobs = [], []
+        for start, end in row.turn_spans:
+            gen = _sampled(recorder, row.input_ids[:start], row.input_ids[start:end])
+            sampled += gen.token_ids
+            logprobs += gen.logprobs
+        assert torch.tensor(ids)[mask].tolist() == sampled
+        torch.testing.assert_close(b["infer_logprobs"][i][: len(ids)][mask], torch.tensor(logprobs))
+
+
+def test_token_exact_rows_with_a_scripted_policy(tok):
+    cfg = config()
+    recorder = RecordingBackend(ScriptedPolicy(tok, ANSWERS, seed=1))
+    r, template = rollout(cfg, tok, recorder)
+    result = r.collect(8, step=0)
+    assert len(result.batch) == 8
+    assert_token_exact(result, template, recorder)
+
+
+def test_token_exact_rows_with_a_tiny_model_and_truncated_turns(tiny_model_path, tok):
+    from roll.strategies.hf_infer import HFInferStrategy
+
+    from ..strategies.helpers import worker_config
+
+    infer = HFInferStrategy(worker_config(tiny_model_path, "hf_infer"))
+    infer.initialize()
+    cfg = config("max_tokens_per_step=12", "max_actions_per_traj=3")
+    recorder = RecordingBackend(lambda rank, prompts, params: infer.generate(prompts, params))
+    r, template = rollout(cfg, tok, recorder)
+    result = r.collect(8, step=0)
+    assert result.metrics["rollout/SimpleSokoban/turns_hit_token_cap"] > 0  # random model: turns end at the cap
+    b = result.batch
+    for i, traj in enumerate(result.trajectories):
+        ids = b["input_ids"][i][b["attention_mask"][i].bool()].tolist()
+        mask = b["response_mask"][i][: len(ids)].bool()
+        sampled = [t for s, e in traj.row.turn_spans for t in _sampled(recorder, traj.row.input_ids[:s], traj.row.input_ids[s:e]).token_ids]
+        assert torch.tensor(ids)[mask].tolist() == sampled
+        for s, e in traj.row.turn_spans:
+            if ids[e - 1] != template.eos_id:  # a capped turn is closed by an added (unmasked) EOS
+                assert ids[e] == template.eos_id and not mask[e]
+    # The log-probs returned at sampling time match a forward pass over the rows.
+    lp = infer.compute_log_probs(b)
+    m = b["response_mask"].bool()
+    torch.testing.assert_close(lp[m], b["infer_logprobs"][m], atol=1e-4, rtol=0)
+
+
+def test_groups_share_seeds_and_partitions_match(tok):
+    cfg = config("custom_envs.FrozenLake=${custom_env.FrozenLake}", "train_env_manager.tags=[SimpleSokoban,FrozenLake]",
+                 "train_env_manager.num_env_groups=3", "train_env_manager.num_groups_partition=[2,1]",
+                 "train_env_manager.group_size=2", "rollout_batch_size=6")
+    r, _ = rollout(cfg, tok, ScriptedPolicy(tok, ANSWERS))
+    assert [s.tag for s in r.slots] == ["SimpleSokoban"] * 4 + ["FrozenLake"] * 2
+    assert [s.group_id for s in r.slots] == [0, 0, 1, 1, 2, 2]
+    result = r.collect(6, step=3)
+    first_obs = {}
+    for t in result.trajectories:
+        first_obs.setdefault(t.request.slot.group_id, set()).add(t.messages[1]["content"])
+        assert t.request.seed == result.trajectories[[x.request.slot.group_id for x in result.trajectories].index(t.request.slot.group_id)].request.seed
+    assert all(len(v) == 1 for v in first_obs.values())  # one group = one level
+    assert len({next(iter(v)) for v in first_obs.values()}) == 3
+    groups = result.batch["traj_group_id"].tolist()
+    assert sorted(set(groups)) == [f"rollout-3-g{g}-e0" for g in range(3)]
+    assert result.metrics["rollout/FrozenLake/num_actions"] >= 1 and "rollout/SimpleSokoban/success" in result.metrics
+
+
+def test_step_wise_rows_carry_state_hashes(tok):
+    cfg = config("custom_env.SimpleSokoban.env_manager_cls=roll.agentic.env_managers.step.StepEnvManager",
+                 "+custom_env.SimpleSokoban.history_window=1", "train_env_manager.group_size=2", "rollout_batch_size=4")
+    r, template = rollout(cfg, tok, ScriptedPolicy(tok, ANSWERS))
+    assert r.granularity == "step"
+    result = r.collect(4, step=0)
+    b = result.batch
+    assert len(b) == sum(len(t.steps) for t in result.trajectories) > 4
+    assert len(b["state_hash"]) == len(b) and all(len(h) == 16 for h in b["state_hash"])
+    first = {}
+    for i in range(len(b)):
+        if b["step_idx"][i] == 0:
+            first.setdefault(b["traj_group_id"][i], set()).add(b["state_hash"][i])
+    assert all(len(v) == 1 for v in first.values())  # same group, same first state
+    # each step row is exactly its prompt plus the sampled tokens, with at most 1 past exchange
+    for i in range(len(b)):
+        ids = b["input_ids"][i][b["attention_mask"][i].bool()]
+        text = template.decode(ids.tolist())
+        assert text.count("<|im_start|>assistant") <= 2
+
+
+@pytest.mark.parametrize("template_kind", ["smollm2_style_tiny", "qwen_style"])
+def test_tool_env_full_episode_through_tool_messages(tok, template_kind):
+    if template_kind == "qwen_style":
+        tok.chat_template = QWEN_STYLE_TOOLS
+    cfg = config("custom_envs.SokobanTool=${custom_env.SokobanTool}", "train_env_manager.tags=[SokobanTool]",
+                 "max_tokens_per_step=64")
+    moves = [f'<tool_call>{{"name": "move", "arguments": {{"direction": "{d}"}}}}</tool_call>' for d in ("Up", "Down", "Left", "Right")]
+    recorder = RecordingBackend(ScriptedPolicy(tok, moves + ["not a call"], seed=3))
+    r, template = rollout(cfg, tok, recorder)
+    result = r.collect(8, step=0)
+    roles = [m["role"] for t in result.trajectories for m in t.messages]
+    assert "tool" in roles and "assistant" in roles
+    assert_token_exact(result, template, recorder)
+    text = template.decode(result.batch["input_ids"][0].tolist())
+    assert ("<tool_response>" in text) == (template_kind == "qwen_style")
+    assert '"move"' in text  # the tool schema reached the prompt either way
+
+
+def test_a_flaky_env_loses_no_other_trajectory_and_errors_are_counted(tok):
+    cfg = config("+custom_envs.Flaky.env_type=flaky_sokoban", "+custom_envs.Flaky.entry_point=tests.agentic.support:FlakySokoban",
+                 "+custom_envs.Flaky.max_steps=5", "+custom_envs.Flaky.env_config={fail_rate: 0.3, format_penalty: -0.1}",
+                 "train_env_manager.tags=[SimpleSokoban,Flaky]", "train_env_manager.num_env_groups=4",
+                 "train_env_manager.num_groups_partition=[2,2]", "train_env_manager.group_size=2", "rollout_batch_size=8")
+    RaisesCounter.count = 0
+    r, _ = rollout(cfg, tok, ScriptedPolicy(tok, ANSWERS))
+    result = r.collect(8, step=0)
+    assert result.metrics["rollout/env_errors"] == RaisesCounter.count > 0
+    sokoban = [t for t in result.trajectories if t.request.slot.tag == "SimpleSokoban"]
+    assert len(sokoban) == 4  # every healthy env's trajectory is there
+    assert len(result.batch) >= 4
+
+
+def test_custom_env_manager_from_examples(tok, monkeypatch):
+    from ..configs.conftest import REPO
+
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    cfg = config("train_env_manager.env_manager_cls=custom_env.hint_manager.HintEnvManager",
+                 "custom_env.SimpleSokoban.env_manager_cls=null")
+    r, _ = rollout(cfg, tok, ScriptedPolicy(tok, ANSWERS))
+    result = r.collect(8, step=0)
+    users = [m["content"] for t in result.trajectories for m in t.messages if m["role"] == "user"]
+    assert users and all("Hint:" in u for u in users)
+    assert result.metrics["rollout/SimpleSokoban/hints_given"] >= 1
+
+
+def test_roll_class_paths_are_aliases(tok):
+    cfg = config("custom_env.SimpleSokoban.env_manager_cls=roll.pipeline.agentic.env_manager.traj_env_manager.TrajEnvManager")
+    r, _ = rollout(cfg, tok, ScriptedPolicy(tok, ANSWERS))
+    assert len(r.collect(8).batch) == 8
+
+
+def test_validation_uses_its_own_manager_and_greedy_sampling(tok):
+    cfg = config()
+    r, _ = rollout(cfg, tok, ScriptedPolicy(tok, ANSWERS), mode="val")
+    assert r.name == "val" and len(r.slots) == cfg.val_env_manager.num_env_groups
+    assert r.managers[0].params.greedy
+    assert len(r.collect(cfg.val_batch_size).batch) == cfg.val_batch_size
+
+
+def test_render_writes_transcripts_and_frames(tok, tmp_path):
+    cfg = dataclasses.replace(config(), render_save_dir=str(tmp_path))
+    r, _ = rollout(cfg, tok, ScriptedPolicy(tok, ANSWERS))
+    r.collect(8, step=2)
+    files = sorted(p.name for p in (tmp_path / "rollout" / "step_00002").iterdir())
+    assert any(f.endswith(".txt") for f in files) and any(f.endswith(".png") for f in files)
