@@ -92,7 +92,7 @@ def test_token_exact_rows_with_a_tiny_model_and_truncated_turns(tiny_model_path,
         mask = b["response_mask"][i][: len(ids)].bool()
         sampled = [t for s, e in traj.row.turn_spans for t in _sampled(recorder, traj.row.input_ids[:s], traj.row.input_ids[s:e]).token_ids]
         assert torch.tensor(ids)[mask].tolist() == sampled
-        for s, e in traj.row.turn_spans:
+        for _, e in traj.row.turn_spans:
             if ids[e - 1] != template.eos_id:  # a capped turn is closed by an added (unmasked) EOS
                 assert ids[e] == template.eos_id and not mask[e]
     # The log-probs returned at sampling time match a forward pass over the rows.
