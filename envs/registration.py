@@ -18,6 +18,7 @@ SHIPPED = {
     "frozen_lake": "envs.frozen_lake:FrozenLakeEnv",
     "sokoban_tool": "envs.tools.sokoban_tool:SokobanToolEnv",
     "countdown": "envs.tools.countdown:CountdownEnv",
+    "digits": "envs.toy:DigitsEnv",
 }
 
 

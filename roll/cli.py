@@ -48,8 +48,24 @@ def main(argv: Sequence[str] | None = None, *, search_roots: Sequence[Path] = ()
     print(config_to_yaml(loaded.config), flush=True)
     if args.dry_run:
         return 0
-    # The training loop (roll.agentic.pipeline) is not part of this version yet; say so plainly
-    # rather than pretend to train.
-    print("roll: the training pipeline is not built yet in this version; the resolved config above is "
-          "what it will run (use --dry_run to only validate).", file=sys.stderr)
+    return train(loaded.config)
+
+
+def train(config: object) -> int:
+    """Run the pipeline on a loaded config; say where the outputs are."""
+    import logging
+
+    from roll.agentic.pipeline import AgenticPipeline
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("roll").setLevel(logging.INFO)
+    pipeline = AgenticPipeline(config)
+    try:
+        final = pipeline.run()
+    finally:
+        pipeline.shutdown()
+    score = {k: round(v, 4) for k, v in final.items() if k in ("rollout/score", "rollout/success", "time/step")}
+    print(f"roll: finished {config.max_steps} steps; last step {score}", flush=True)
+    print(f"roll: metrics in {config.tracker_kwargs.get('log_dir') or config.logging_dir} ({config.track_with}); "
+          f"checkpoints in {config.output_dir}/checkpoints; rendered trajectories in {config.render_save_dir}", flush=True)
     return 0

@@ -50,6 +50,10 @@ def build_slots(custom_envs: dict[str, Any], em: Any) -> list[EnvSlot]:
     for tag, n_groups in zip(em.tags, em.num_groups_partition):
         entry = custom_envs[tag]
         entry = dataclasses.asdict(entry) if dataclasses.is_dataclass(entry) else dict(entry)
+        env_config = dict(entry.get("env_config") or {})
+        if em.format_penalty and "format_penalty" not in env_config:
+            env_config["format_penalty"] = em.format_penalty  # the manager's penalty is the default for its envs
+        entry["env_config"] = env_config
         for _ in range(n_groups):
             for _ in range(em.group_size):
                 slots.append(EnvSlot(len(slots), group, tag, entry))
@@ -258,11 +262,12 @@ def _pad_rows(rows: list[Any], pad_id: int) -> Batch:
 
 
 def local_factory(template: ChatTemplate, generate: Callable, params: SamplingParams, sequence_length: int,
-                  keep_frames: bool) -> ManagerFactory:
+                  keep_frames: bool, deterministic: bool = False) -> ManagerFactory:
     """Env managers in this process (threads): tests, debugging, the scripted policy."""
 
     def make(cls_path: str, slots: list[EnvSlot]) -> Any:
-        return import_path(cls_path)(slots, template, generate, params, sequence_length, keep_frames=keep_frames)
+        return import_path(cls_path)(slots, template, generate, params, sequence_length, keep_frames=keep_frames,
+                                     deterministic=deterministic)
 
     return make
 
@@ -271,7 +276,8 @@ class EnvManagerHost:
     """The Ray actor that hosts one env manager (``worker_cls`` may name a replacement)."""
 
     def __init__(self, cls_path: str, slots: list[EnvSlot], tokenizer_path: str, params: SamplingParams,
-                 sequence_length: int, keep_frames: bool, server: Any, system_envs: dict[str, str] | None = None) -> None:
+                 sequence_length: int, keep_frames: bool, server: Any, system_envs: dict[str, str] | None = None,
+                 deterministic: bool = False) -> None:
         import os
 
         import ray
@@ -283,7 +289,8 @@ class EnvManagerHost:
         def generate(route: str, prompt: list[int], p: SamplingParams) -> Any:
             return ray.get(server.generate.remote(route, prompt, p))
 
-        self.manager = import_path(cls_path)(slots, template, generate, params, sequence_length, keep_frames=keep_frames)
+        self.manager = import_path(cls_path)(slots, template, generate, params, sequence_length, keep_frames=keep_frames,
+                                             deterministic=deterministic)
 
     def granularity(self) -> str:
         return self.manager.granularity
@@ -308,7 +315,7 @@ class RemoteManager:
 
 
 def ray_factory(host_cls: type, tokenizer_path: str, params: SamplingParams, sequence_length: int, keep_frames: bool,
-                server: Any, system_envs: dict[str, str] | None = None) -> ManagerFactory:
+                server: Any, system_envs: dict[str, str] | None = None, deterministic: bool = False) -> ManagerFactory:
     """Env managers as Ray actors, each with its own env threads, sharing one generation server."""
     import ray
 
@@ -316,7 +323,7 @@ def ray_factory(host_cls: type, tokenizer_path: str, params: SamplingParams, seq
 
     def make(cls_path: str, slots: list[EnvSlot]) -> Any:
         handle = remote_host.options(num_cpus=0.0001, max_concurrency=2).remote(
-            cls_path, slots, tokenizer_path, params, sequence_length, keep_frames, server, system_envs)
+            cls_path, slots, tokenizer_path, params, sequence_length, keep_frames, server, system_envs, deterministic)
         return RemoteManager(handle, slots)
 
     return make

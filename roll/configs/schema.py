@@ -44,7 +44,8 @@ def opt(default: Any = MISSING, help: str = "", *, factory: Any = MISSING, statu
 
 
 # Issue numbers of the parts that wire keys accepted now.
-ROLLOUT = "not yet wired (env managers, issue 6)"
+ROLLOUT = None  # wired: roll.agentic (env managers, rollout scheduler)
+NO_EFFECT_YET = "accepted; no effect yet"
 PIPELINE = "not yet wired (pipeline, issue 7)"
 WORKERS = None  # wired: roll.strategies / roll.workers / roll.distributed use these keys
 ALGOS = "in roll.algorithms; not yet wired into training (pipeline, issue 7)"
@@ -167,7 +168,7 @@ class EnvManagerConfig:
         128, "Number of env groups (guide alias: env_groups). Each group runs group_size envs with one config and seed."
     )
     group_size: int = opt(1, "Envs per group; all envs of a group share config and seed (a GRPO group).")
-    group_size_redundancy: int = opt(0, "Extra envs per group started to absorb failures.", status=ROLLOUT)
+    group_size_redundancy: int = opt(0, "Extra envs per group started to absorb failures.", status=NO_EFFECT_YET)
     tags: list[str] = opt(factory=lambda: ["SimpleSokoban"], help="Env tags (keys of custom_envs) this manager runs.")
     num_groups_partition: list[int] | None = opt(
         None, "Groups per tag (guide alias: n_groups); must sum to num_env_groups. Unset: split evenly over tags."
@@ -175,14 +176,14 @@ class EnvManagerConfig:
     max_traj_per_env: int = opt(
         -1, "Episodes each env yields per collection; -1: ceil(batch size / number of envs)."
     )
-    format_penalty: float = opt(0.0, "Reward for a response that does not match the action format (negative).", status=ROLLOUT)
-    worker_cls: str | None = opt(None, "Import path of the env-host worker class; unset uses the built-in one.", status=ROLLOUT)
+    format_penalty: float = opt(0.0, "Reward for a response that does not match the action format (negative); the default for envs whose env_config sets none.")
+    worker_cls: str | None = opt(None, "Import path of the env-host actor class (default roll.agentic.rollout.EnvManagerHost).", status=PIPELINE)
     env_manager_cls: str | None = opt(
         None, "Import path of the env manager class (trajectory-wise or step-wise); per-env entries may override it.",
         status=ROLLOUT,
     )
     max_env_num_per_worker: int = opt(0, "Envs hosted by one env-manager actor; 0 puts all envs in one actor.", status=ROLLOUT)
-    system_envs: dict[str, str] = opt(factory=dict, help="Environment variables set inside env-manager actors.", status=ROLLOUT)
+    system_envs: dict[str, str] = opt(factory=dict, help="Environment variables set inside env-manager actors.", status=PIPELINE)
     generating_args: GeneratingArgs | None = opt(
         None, "Sampling override for this manager (e.g. greedy validation); unset: actor_infer's.", status=ROLLOUT
     )
@@ -225,6 +226,10 @@ class PipelineConfig:
     # --- basic
     exp_name: str = opt("agentic_pipeline", "Experiment name used in output paths and tracker runs.")
     seed: int = opt(42, "Seed for all random generators (envs, sampling, init).")
+    deterministic: bool = opt(
+        False, "Reproducible runs: every generation request is sampled alone with its own seed (slower; dynamic "
+        "batching otherwise makes sampling depend on timing). Used to check resume equality."
+    )
     rpc_timeout: int = opt(3600, "Seconds a call to a Ray worker may take before it raises naming the role and method.", status=WORKERS)
     output_dir: str = opt("./output", "Checkpoints and run outputs.")
     logging_dir: str = opt("./output/logs", "Log files.")
@@ -258,11 +263,11 @@ class PipelineConfig:
     num_nodes: int = opt(1, "Nodes in the Ray cluster.")
     num_gpus_per_node: int = opt(8, "Devices per node (CPU slots on a machine without GPU).")
     # --- scheduling and requests
-    generate_opt_level: int = opt(1, "0: plain batched generate; 1: request scheduler (dynamic batching).", status=ROLLOUT)
+    generate_opt_level: int = opt(1, "0: plain batched generate; 1: request scheduler (dynamic batching). Rollouts always batch dynamically.", status=NO_EFFECT_YET)
     is_num_return_sequences_expand: bool = opt(False, "Replicate prompts num_return_sequences times instead of n>1 sampling.")
-    max_running_requests: int = opt(128, "Max concurrent generation requests per inference worker.", status=ROLLOUT)
-    is_use_additional_prompts: bool = opt(False, "Run extra prompts beyond the batch to hide stragglers.", status=ROLLOUT)
-    max_additional_running_prompts: int = opt(16, "Extra prompts run beyond the batch size.", status=ROLLOUT)
+    max_running_requests: int = opt(128, "Max requests in one generation batch per inference worker.", status=PIPELINE)
+    is_use_additional_prompts: bool = opt(False, "Run extra prompts beyond the batch to hide stragglers.", status=NO_EFFECT_YET)
+    max_additional_running_prompts: int = opt(16, "Extra prompts run beyond the batch size.", status=NO_EFFECT_YET)
     async_generation_ratio: float = opt(0.0, "Rollouts generated ahead of training (0: synchronous).", status=PIPELINE)
     # --- models
     pretrain: str | None = opt(None, "Default model of actor_train, actor_infer and reference.")

@@ -9,6 +9,7 @@ with the same seed up to ``max_env_retries`` times.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import time
@@ -97,6 +98,7 @@ class TrajEnvManager:
         sequence_length: int,
         max_env_retries: int = 3,
         keep_frames: bool = False,
+        deterministic: bool = False,
     ) -> None:
         self.slots = slots
         self.template = template
@@ -105,6 +107,7 @@ class TrajEnvManager:
         self.sequence_length = sequence_length
         self.max_env_retries = max_env_retries
         self.keep_frames = keep_frames
+        self.deterministic = deterministic
         self._envs: dict[int, Any] = {}
 
     # --- hooks a custom env manager may override
@@ -187,7 +190,10 @@ class TrajEnvManager:
                 break
             prompt_row = self.turn_prompt(row, messages, tools, slot, turn)
             t0 = time.perf_counter()
-            gen = self.generate(f"{slot.env_id}", prompt_row.input_ids, _with_budget(self.params, budget))
+            params = _with_budget(self.params, budget)
+            if self.deterministic:  # its own seed: the sample does not depend on which batch it lands in
+                params = dataclasses.replace(params, seed=(request.seed * 1_000_003 + slot.env_id * 101 + turn) % 2**31)
+            gen = self.generate(f"{slot.env_id}", prompt_row.input_ids, params)
             latencies.append(time.perf_counter() - t0)
             text, closed = self._add_turn(row, prompt_row, gen, steps, obs, turn)
             messages.append({"role": "assistant", "content": text})

@@ -1,0 +1,261 @@
+"""AgenticPipeline: the training loop.
+
+    for step in range(start_step, max_steps):
+        sync weights actor_train -> actor_infer            (every model_update_frequency steps)
+        batch = train_rollout.collect(train batch size)     env managers x actor_infer, multi-turn
+        every eval_steps: val metrics = val_rollout.collect(val_batch_size)
+        batch |= reference log-probs                        only when a KL term is on
+        batch |= actor_train old log-probs
+        batch |= critic values                              only for gae
+        batch  = advantages(batch)                          reward norm -> token rewards (+KL) -> estimator
+        critic update; actor update (after critic_warmup)   ppo_epochs, mini/micro batches
+        checkpoint every save_steps; log every logging_steps
+
+Resource choreography (cluster start-up, weight sync, checkpoints) sits behind one call each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from roll.agentic.advantage import compute_batch_advantages
+from roll.agentic.conversation import ChatTemplate
+from roll.agentic.rollout import EnvManagerHost, make_rollout, ray_factory
+from roll.algorithms.kl import AdaptiveKLController, FixedKLController, kl_controller
+from roll.algorithms.losses import ActorLossConfig
+from roll.algorithms.reward_norm import RunningMeanStd
+from roll.configs.derive import needs_critic, needs_reference, train_batch_size
+from roll.configs.schema import ROLES, PipelineConfig
+from roll.distributed.batch import Batch
+from roll.utils.checkpoint import read_state, resolve_resume, save_checkpoint
+from roll.utils.tracking import make_tracker
+
+log = logging.getLogger(__name__)
+
+
+class AgenticPipeline:
+    def __init__(self, cfg: PipelineConfig) -> None:
+        self.cfg = cfg
+        self.clusters: dict[str, Any] = {}
+        self._start_workers()
+        self._start_rollouts()
+        self.tracker = make_tracker(cfg.track_with, cfg.tracker_kwargs, cfg.logging_dir, cfg.exp_name)
+        self.kl_ctl: FixedKLController | AdaptiveKLController = kl_controller(cfg.init_kl_coef, cfg.target_kl, cfg.kl_horizon)
+        self.running: RunningMeanStd | None = None
+        self.start_step = 0
+        self._resume()
+
+    # --- set-up (one call each)
+    def _start_workers(self) -> None:
+        import torch
+
+        from envs.registration import load_entry_point
+        from roll.distributed.cluster import Cluster
+        from roll.distributed.resources import ResourceManager, ray_init
+        from roll.workers import DEFAULT_WORKERS
+
+        cfg = self.cfg
+        roles = ["actor_train", "actor_infer"] + (["reference"] if needs_reference(cfg) else []) + (["critic"] if needs_critic(cfg) else [])
+        devices = sorted({d for r in roles for d in getattr(cfg, r).device_mapping})
+        use_gpu = torch.cuda.is_available()
+        ray_init(num_cpus=None if use_gpu else max(os.cpu_count() or 1, 1), object_store_mb=int(os.environ.get("ROLL_OBJECT_STORE_MB", "1024")))
+        self.resources = ResourceManager(devices, cfg.num_gpus_per_node, use_gpu=use_gpu)
+        colocated = max(sum(d in getattr(cfg, r).device_mapping for r in roles) for d in devices)
+        settings = {
+            "seed": cfg.seed, "max_grad_norm": cfg.max_grad_norm, "system_envs": cfg.system_envs,
+            "total_steps": self._optimizer_steps(),
+            "threads_per_worker": max(1, (os.cpu_count() or 1) // (1 if use_gpu else 1)),
+        }
+        for role in roles:
+            worker = getattr(cfg, role)
+            cls = load_entry_point(worker.worker_cls) if worker.worker_cls else DEFAULT_WORKERS[role]
+            log.info("starting %s: %d worker(s) on devices %s", role, worker.world_size, worker.device_mapping)
+            self.clusters[role] = Cluster(role, cls, worker, self.resources, settings, rpc_timeout=cfg.rpc_timeout)
+        for role in roles:  # one role at a time: colocated model loads do not compete for memory
+            self.clusters[role].call("initialize")
+        log.info("workers ready (%d roles, up to %d colocated per device)", len(roles), colocated)
+
+    def _optimizer_steps(self) -> int:
+        cfg, ta = self.cfg, self.cfg.actor_train.training_args
+        per_step = math.ceil(train_batch_size(cfg) / (ta.per_device_train_batch_size * ta.gradient_accumulation_steps
+                                                      * (cfg.actor_train.world_size or 1)))
+        return max(1, per_step * cfg.ppo_epochs * max(cfg.max_steps, 1))
+
+    def _start_rollouts(self) -> None:
+        import ray
+        from transformers import AutoTokenizer
+
+        from envs.registration import load_entry_point
+        from roll.agentic.generation import GenerationServer
+        from roll.models.resolve import ensure_hf_folder
+
+        cfg = self.cfg
+        margs = cfg.actor_infer.model_args
+        tokenizer_path = ensure_hf_folder(margs.model_name_or_path, margs.gguf_file)
+        self.template = ChatTemplate(AutoTokenizer.from_pretrained(tokenizer_path), tokenizer_path)
+        self.template.check_prefix_preserving()
+        infer = self.clusters["actor_infer"]
+        self.server = ray.remote(GenerationServer).options(max_concurrency=4096, num_cpus=0.0001).remote(
+            infer.workers, cfg.max_running_requests, 0.02)
+
+        def take_stats() -> dict[str, float]:
+            return ray.get(self.server.take_stats.remote())
+
+        def factory_for(em: Any):
+            host = load_entry_point(em.worker_cls) if em.worker_cls else EnvManagerHost
+
+            def make(params: Any, keep_frames: bool):
+                return ray_factory(host, tokenizer_path, params, cfg.sequence_length, keep_frames, self.server,
+                                   {**cfg.system_envs, **em.system_envs}, cfg.deterministic)
+
+            return make
+
+        self.train_rollout = make_rollout(cfg, "train", self.template, factory_for(cfg.train_env_manager), take_stats)
+        self.val_rollout = (make_rollout(cfg, "val", self.template, factory_for(cfg.val_env_manager), take_stats, render=False)
+                            if cfg.eval_steps > 0 and cfg.val_batch_size > 0 else None)
+
+    def _resume(self) -> None:
+        path = resolve_resume(self.cfg.resume_from_checkpoint, self.cfg.output_dir)
+        if path is None:
+            return
+        state = read_state(path)
+        for role in ("actor_train", "critic"):
+            if role in self.clusters:
+                self.clusters[role].call("load_checkpoint", str(path / role))
+        self.start_step = int(state["step"]) + 1
+        kl = state.get("kl_coef")
+        if kl is not None:
+            self.kl_ctl = type(self.kl_ctl)(**{**self.kl_ctl.__dict__, "value": kl})
+        if state.get("running"):
+            self.running = RunningMeanStd(**state["running"])
+        log.info("resumed from %s: continuing at step %d", path, self.start_step)
+
+    # --- the loop
+    def run(self) -> dict[str, float]:
+        cfg = self.cfg
+        last: dict[str, float] = {}
+        steps = range(self.start_step, cfg.max_steps)
+        bar = _progress(len(steps), self.start_step)
+        for step in steps:
+            metrics: dict[str, float] = {}
+            timer = _Timer(metrics, bar)
+            step_start = time.perf_counter()
+            if step == self.start_step or step % cfg.actor_infer.model_update_frequency == 0:
+                with timer("weight_sync"):
+                    metrics.update(self.sync_weights())
+            with timer("rollout"):
+                rollout = self.train_rollout.collect(train_batch_size(cfg), step)
+            batch = rollout.batch
+            metrics.update(rollout.metrics)
+            if self.val_rollout is not None and step % cfg.eval_steps == 0:
+                with timer("eval"):
+                    metrics.update(self.val_rollout.collect(cfg.val_batch_size, step).metrics)
+            if "reference" in self.clusters:
+                with timer("reference"):
+                    batch = batch | self.clusters["reference"].dispatch("compute_log_probs", batch)
+            with timer("old_log_probs"):
+                batch = batch | self.clusters["actor_train"].dispatch("compute_log_probs", batch)
+            if "critic" in self.clusters:
+                with timer("values"):
+                    batch = batch | self.clusters["critic"].dispatch("compute_values", batch)
+            with timer("advantages"):
+                batch, adv_metrics, self.running = compute_batch_advantages(batch, cfg, self.kl_ctl.value, self.running)
+                metrics.update(adv_metrics)
+                self.kl_ctl = self.kl_ctl.update(adv_metrics.get("actor/kl_to_reference", 0.0), len(batch))
+            if "critic" in self.clusters:
+                with timer("critic_train"):
+                    metrics.update(_mean(self.clusters["critic"].dispatch(
+                        "train_step", batch, cfg.value_clip, cfg.loss_agg_mode, cfg.ppo_epochs)))
+            if step >= cfg.critic_warmup:
+                with timer("actor_train"):
+                    metrics.update(_mean(self.clusters["actor_train"].dispatch("train_step", batch, self.loss_config(), cfg.ppo_epochs)))
+            if cfg.save_steps and ((step + 1) % cfg.save_steps == 0 or step + 1 == cfg.max_steps):
+                with timer("checkpoint"):
+                    self.save(step)
+            metrics.update(self._throughput(batch, metrics, time.perf_counter() - step_start))
+            if step % cfg.logging_steps == 0 or step + 1 == cfg.max_steps:
+                self.tracker.log(metrics, step)
+            bar.update(1)
+            last = metrics
+        bar.close()
+        self.tracker.close()
+        return last
+
+    # --- pieces
+    def sync_weights(self) -> dict[str, float]:
+        stats = self.clusters["actor_train"].call("sync_weights", self.clusters["actor_infer"].workers)
+        return stats[0]
+
+    def loss_config(self) -> ActorLossConfig:
+        cfg = self.cfg
+        low, high = (cfg.pg_clip_low, cfg.pg_clip_high) if cfg.use_pg_clip_range else (cfg.pg_clip, cfg.pg_clip)
+        return ActorLossConfig(
+            pg_clip_low=low, pg_clip_high=high, dual_clip=cfg.dual_clip_c if cfg.dual_clip_loss else None,
+            use_topr_loss=cfg.use_topr_loss, topr_positive_weight=cfg.actor_train.topr_positive_weight,
+            topr_negative_weight=cfg.actor_train.topr_negative_weight, rl_loss_coef=cfg.rl_loss_coef,
+            use_kl_loss=cfg.use_kl_loss, kl_loss_coef=cfg.kl_loss_coef, kl_loss_type=cfg.kl_loss_type,
+            entropy_loss_coef=cfg.entropy_loss_coef, sft_loss_coef=cfg.sft_loss_coef, l2=cfg.l2, agg_mode=cfg.loss_agg_mode,
+        )
+
+    def save(self, step: int) -> None:
+        def parts(folder: Any) -> None:
+            for role in ("actor_train", "critic"):
+                if role in self.clusters:
+                    self.clusters[role].call("save_checkpoint", str(folder / role))
+
+        state = {"seed": self.cfg.seed, "kl_coef": self.kl_ctl.value,
+                 "running": self.running.__dict__ if self.running else None}
+        path = save_checkpoint(self.cfg.output_dir, step, parts, state, keep=self.cfg.max_ckpt_to_keep)
+        log.info("checkpoint written: %s", path)
+
+    def _throughput(self, batch: Batch, metrics: dict[str, float], step_time: float) -> dict[str, float]:
+        tokens = float(batch["attention_mask"].sum())
+        out = {"time/step": step_time, "tokens/train_per_s": tokens / max(metrics.get("time/actor_train", 0.0), 1e-9),
+               "tokens/step": tokens}
+        out["time/overhead_share"] = 1.0 - sum(metrics.get(f"time/{k}", 0.0) for k in (
+            "rollout", "eval", "reference", "old_log_probs", "values", "critic_train", "actor_train")) / max(step_time, 1e-9)
+        return out
+
+    def shutdown(self) -> None:
+        import ray
+
+        for c in self.clusters.values():
+            c.shutdown()
+        with contextlib.suppress(Exception):
+            self.resources.shutdown()
+        ray.shutdown()
+
+
+def _mean(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for m in per_rank for k in m}
+    return {k: sum(m.get(k, 0.0) for m in per_rank) / len(per_rank) for k in keys}
+
+
+class _Timer:
+    """``with timer("phase"):`` records time/<phase> and shows the phase on the progress bar."""
+
+    def __init__(self, metrics: dict[str, float], bar: Any) -> None:
+        self.metrics, self.bar = metrics, bar
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        self.bar.set_postfix_str(phase)
+        log.info("phase: %s", phase)
+        start = time.perf_counter()
+        yield
+        self.metrics[f"time/{phase}"] = self.metrics.get(f"time/{phase}", 0.0) + time.perf_counter() - start
+
+
+def _progress(total: int, start: int) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=0, desc=f"steps from {start}", unit="step", dynamic_ncols=True)
+
+
+__all__ = ["AgenticPipeline", "ROLES"]

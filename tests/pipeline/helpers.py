@@ -1,0 +1,17 @@
+from roll.configs.loading import load_config
+
+
+def tiny_config(model_path, tmp_path, *overrides):
+    """The default config scaled down to a tiny model and a few short episodes."""
+    base = [
+        f"pretrain={model_path}", f"output_dir={tmp_path}/out", f"logging_dir={tmp_path}/out/logs",
+        f"render_save_dir={tmp_path}/out/render", f"tracker_kwargs.log_dir={tmp_path}/out/tb",
+        "max_steps=2", "save_steps=1", "eval_steps=1", "logging_steps=1",
+        "rollout_batch_size=4", "train_env_manager.num_env_groups=2", "train_env_manager.group_size=2",
+        "train_env_manager.num_groups_partition=[2]", "val_batch_size=2", "val_env_manager.num_env_groups=2",
+        "val_env_manager.num_groups_partition=[2]", "max_actions_per_traj=2", "max_tokens_per_step=8",
+        "sequence_length=2048", "actor_train.training_args.per_device_train_batch_size=2",
+        "actor_train.training_args.gradient_accumulation_steps=1", "actor_train.training_args.learning_rate=1e-3",
+        "actor_train.infer_batch_size=4", "reference.infer_batch_size=4",
+    ]
+    return load_config("agentic_sokoban", overrides=base + list(overrides)).config

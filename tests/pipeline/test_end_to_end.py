@@ -1,0 +1,50 @@
+"""The whole pipeline on CPU with a tiny model (slow; CI runs it)."""
+
+import pytest
+
+from roll.agentic.pipeline import AgenticPipeline
+from roll.utils.checkpoint import complete_checkpoints
+
+from .helpers import tiny_config
+
+pytestmark = pytest.mark.slow
+
+
+def read_scalars(log_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def run(cfg):
+    pipeline = AgenticPipeline(cfg)
+    try:
+        return pipeline.run()
+    finally:
+        pipeline.shutdown()
+
+
+def test_two_steps_with_gae_critic_reference_eval_and_checkpoints(tiny_model_path, tmp_path):
+    cfg = tiny_config(tiny_model_path, tmp_path, "adv_estimator=gae", "+critic.device_mapping=[0]",
+                      "+critic.strategy_args.strategy_name=deepspeed_train", "+critic.strategy_args.strategy_config=${deepspeed_zero}",
+                      "+critic.training_args.per_device_train_batch_size=2", "+critic.model_args.dtype=fp32",
+                      "add_token_level_kl=true", "init_kl_coef=0.05")
+    last = run(cfg)
+    assert last["rollout/trajectories"] == 4
+    scalars = read_scalars(tmp_path / "out" / "tb")
+    for tag in ("rollout/score", "rollout/SimpleSokoban/action_is_valid", "val/score", "actor/pg_loss", "critic/vf_clipfrac",
+                "actor/kl_to_reference", "critic/advantages_mean", "time/rollout", "time/actor_train", "time/critic_train",
+                "time/reference", "time/values", "actor/grad_norm", "actor/lr", "tokens/train_per_s"):
+        assert tag in scalars and len(scalars[tag]) >= 1, tag
+    assert len(scalars["rollout/score"]) == 2
+    assert [p.name for p in complete_checkpoints(cfg.output_dir)] == ["step_000000", "step_000001"]
+    assert any((tmp_path / "out" / "render").rglob("*.txt"))
+
+
+def test_grpo_without_critic_runs(tiny_model_path, tmp_path):
+    cfg = tiny_config(tiny_model_path, tmp_path, "adv_estimator=grpo", "max_steps=1", "eval_steps=0", "save_steps=0",
+                      "track_with=stdout")
+    last = run(cfg)
+    assert "critic/vf_clipfrac" not in last and last["actor/optimizer_steps"] >= 1
