@@ -1,8 +1,8 @@
 from roll.configs.loading import load_config
 
 
-def tiny_config(model_path, tmp_path, *overrides):
-    """The default config scaled down to a tiny model and a few short episodes."""
+def tiny_overrides(model_path, tmp_path, *overrides):
+    """Overrides that scale the default config down to a tiny model and a few short episodes."""
     base = [
         f"pretrain={model_path}", f"output_dir={tmp_path}/out", f"logging_dir={tmp_path}/out/logs",
         f"render_save_dir={tmp_path}/out/render", f"tracker_kwargs.log_dir={tmp_path}/out/tb",
@@ -14,4 +14,8 @@ def tiny_config(model_path, tmp_path, *overrides):
         "actor_train.training_args.gradient_accumulation_steps=1", "actor_train.training_args.learning_rate=1e-3",
         "actor_train.infer_batch_size=4", "reference.infer_batch_size=4",
     ]
-    return load_config("agentic_sokoban", overrides=base + list(overrides)).config
+    return base + list(overrides)
+
+
+def tiny_config(model_path, tmp_path, *overrides):
+    return load_config("agentic_sokoban", overrides=tiny_overrides(model_path, tmp_path, *overrides)).config

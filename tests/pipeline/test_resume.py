@@ -1,0 +1,69 @@
+"""Kill-and-resume: a run SIGKILLed once step 1 is checkpointed, then resumed, produces the same
+metrics for the following steps as an uninterrupted run with the same seed (CPU, deterministic mode)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from roll.agentic.pipeline import AgenticPipeline
+from roll.configs.loading import load_config
+from roll.utils.checkpoint import complete_checkpoints
+
+from ..configs.conftest import REPO
+from .learning import digits_overrides
+
+pytestmark = pytest.mark.slow
+COMPARED = ("rollout/score", "actor/pg_loss", "actor/grad_norm", "actor/ppo_kl", "critic/advantages_mean",
+            "reward/score_mean", "tokens/step")
+
+
+class Recorder:
+    def __init__(self):
+        self.by_step = {}
+
+    def log(self, metrics, step):
+        self.by_step[step] = {k: metrics[k] for k in COMPARED if k in metrics}
+
+    def close(self):
+        pass
+
+
+def run_in_process(overrides):
+    pipeline = AgenticPipeline(load_config("agentic_sokoban", overrides=overrides).config)
+    pipeline.tracker = rec = Recorder()
+    try:
+        pipeline.run()
+    finally:
+        pipeline.shutdown()
+    return rec.by_step
+
+
+def test_sigkill_after_step_one_then_resume_matches_an_uninterrupted_run(tiny_model_path, tmp_path):
+    common = ["deterministic=true", "seed=3", "save_steps=1"]
+    straight = run_in_process(digits_overrides(tiny_model_path, tmp_path / "a", 4, 1e-2, *common))
+
+    resumed_dir = tmp_path / "b"
+    overrides = digits_overrides(tiny_model_path, resumed_dir, 4, 1e-2, *common)
+    proc = subprocess.Popen([sys.executable, "examples/start_agentic_pipeline.py", "--config_name", "agentic_sokoban", *overrides],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    out = str(resumed_dir / "out")
+    deadline = time.time() + 600
+    while time.time() < deadline and "step_000001" not in [p.name for p in complete_checkpoints(out)]:
+        assert proc.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and every worker it started
+    proc.wait()
+    subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
+    latest = int(complete_checkpoints(out)[-1].name.split("_")[1])
+    assert 1 <= latest < 3, f"killed after step {latest}: nothing left to resume"
+    resumed = run_in_process(overrides + ["resume_from_checkpoint=true"])
+    assert sorted(resumed) == list(range(latest + 1, 4))
+    for step, metrics in resumed.items():
+        for key, value in straight[step].items():
+            assert metrics[key] == pytest.approx(value, abs=1e-6), (step, key)
+    print(json.dumps({"killed_after": latest, "uninterrupted": straight, "resumed": resumed}))
