@@ -70,7 +70,8 @@ class AgenticPipeline:
         settings = {
             "seed": cfg.seed, "max_grad_norm": cfg.max_grad_norm, "system_envs": cfg.system_envs,
             "total_steps": self._optimizer_steps(),
-            "threads_per_worker": max(1, (os.cpu_count() or 1) // (1 if use_gpu else 1)),
+            # colocated roles take turns (one phase at a time), so each may use every core
+            "threads_per_worker": os.cpu_count() or 1,
         }
         for role in roles:
             worker = getattr(cfg, role)

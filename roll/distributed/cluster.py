@@ -47,6 +47,11 @@ class Cluster:
         self.world_size = len(devices) // per
         env = {str(k): str(v) for k, v in (settings.get("system_envs") or {}).items()}
         env.update({str(k): str(v) for k, v in worker_config.system_envs.items()})
+        threads = settings.get("threads_per_worker")
+        if threads:
+            # Ray gives actors OMP_NUM_THREADS=1, and actor methods run on threads that never called
+            # torch.set_num_threads: the variable is what every thread's torch pool starts from.
+            env.setdefault("OMP_NUM_THREADS", str(threads))
         remote_cls = ray.remote(worker_cls)
         self.workers = []
         for rank in range(self.world_size):

@@ -20,7 +20,8 @@ class RoleWorker:
         self.strategy: Any = None
         import torch
 
-        # Ray gives fractional-CPU actors OMP_NUM_THREADS=1; use the cores shared by the colocated workers.
+        # Ray gives fractional-CPU actors OMP_NUM_THREADS=1; the Cluster sets the variable for this worker
+        # (every thread's pool starts from it) and this covers the constructing thread.
         torch.set_num_threads(max(1, int(settings.get("threads_per_worker") or (os.cpu_count() or 1))))
 
     def master_address(self) -> tuple[str, int]:

@@ -29,10 +29,10 @@ def test_default_config_loads_with_derived_values():
     assert cfg.actor_infer.world_size == 1 and cfg.reference.world_size == 1
     assert cfg.actor_train.strategy_args.strategy_config["zero_optimization"]["stage"] == 0
     assert cfg.actor_train.model_args.model_name_or_path == cfg.pretrain  # filled from pretrain
-    assert cfg.custom_envs["SimpleSokoban"].max_tokens_per_step == 64  # top-level override reaches the entry
+    assert cfg.custom_envs["SimpleSokoban"].max_tokens_per_step == 48  # top-level override reaches the entry
     assert cfg.custom_envs["SimpleSokoban"].env_config["dim_room"] == [6, 6]
     em = cfg.train_env_manager
-    assert em.num_groups_partition == [4] and em.max_traj_per_env == 1  # 16 trajectories over 16 envs
+    assert em.num_groups_partition == [2] and em.max_traj_per_env == 1  # 8 trajectories over 8 envs
 
 
 def test_gpu_example_loads():
@@ -74,7 +74,7 @@ def test_overrides_apply():
     cfg = loaded.config
     assert cfg.max_steps == 3 and cfg.seed == 7
     assert cfg.actor_train.training_args.learning_rate == pytest.approx(1e-5)
-    assert cfg.train_env_manager.group_size == 2 and cfg.train_env_manager.max_traj_per_env == 2
+    assert cfg.train_env_manager.group_size == 2 and cfg.train_env_manager.max_traj_per_env == 2  # 8 over 4 envs
 
 
 def test_override_can_add_an_absent_section():

@@ -1,0 +1,53 @@
+import io
+import json
+
+import pytest
+
+from roll.utils.checkpoint import (
+    complete_checkpoints,
+    latest_checkpoint,
+    read_state,
+    resolve_resume,
+    save_checkpoint,
+)
+from roll.utils.tracking import StdoutTracker, make_tracker
+
+
+def parts_ok(folder):
+    (folder / "actor_train").mkdir()
+    (folder / "actor_train" / "weights.bin").write_bytes(b"x")
+
+
+def test_save_is_atomic_and_latest_is_found(tmp_path):
+    out = str(tmp_path)
+    save_checkpoint(out, 0, parts_ok, {"kl_coef": 0.1})
+    save_checkpoint(out, 1, parts_ok, {"kl_coef": 0.2})
+
+    def crash(folder):
+        parts_ok(folder)
+        raise RuntimeError("killed mid-save")
+
+    with pytest.raises(RuntimeError):
+        save_checkpoint(out, 2, crash, {})
+    assert [p.name for p in complete_checkpoints(out)] == ["step_000000", "step_000001"]  # the partial one is ignored
+    assert latest_checkpoint(out).name == "step_000001"
+    assert read_state(resolve_resume(True, out)) == {"step": 1, "kl_coef": 0.2}
+    save_checkpoint(out, 3, parts_ok, {}, keep=2)
+    assert [p.name for p in complete_checkpoints(out)] == ["step_000001", "step_000003"]
+
+
+def test_resume_options(tmp_path):
+    assert resolve_resume(False, str(tmp_path)) is None
+    assert resolve_resume(True, str(tmp_path)) is None  # nothing yet: start fresh
+    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
+        resolve_resume(str(tmp_path / "nope"), str(tmp_path))
+
+
+def test_trackers(tmp_path):
+    stream = io.StringIO()
+    StdoutTracker(stream).log({"a": 1.0, "bad": float("nan")}, 3)
+    assert json.loads(stream.getvalue()) == {"step": 3, "a": 1.0}
+    tb = make_tracker("tensorboard", {"log_dir": str(tmp_path / "tb")}, str(tmp_path), "x")
+    tb.log({"rollout/score": 0.5}, 0)
+    tb.close()
+    assert any((tmp_path / "tb").iterdir())
