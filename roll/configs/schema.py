@@ -46,9 +46,9 @@ def opt(default: Any = MISSING, help: str = "", *, factory: Any = MISSING, statu
 # Issue numbers of the parts that wire keys accepted now.
 ROLLOUT = None  # wired: roll.agentic (env managers, rollout scheduler)
 NO_EFFECT_YET = "accepted; no effect yet"
-PIPELINE = "not yet wired (pipeline, issue 7)"
+PIPELINE = None  # wired: roll.agentic.pipeline
 WORKERS = None  # wired: roll.strategies / roll.workers / roll.distributed use these keys
-ALGOS = "in roll.algorithms; not yet wired into training (pipeline, issue 7)"
+ALGOS = None  # wired: roll.agentic.advantage / roll.workers.actor_train
 GPU = "not yet wired (GPU backends, issue 8)"
 
 
@@ -239,7 +239,7 @@ class PipelineConfig:
     )
     track_with: Literal["tensorboard", "wandb", "stdout"] = opt("tensorboard", "Metrics tracker.", status=PIPELINE)
     tracker_kwargs: dict[str, Any] = opt(factory=dict, help="Tracker arguments (log_dir, project, name, ...).", status=PIPELINE)
-    checkpoint_config: dict[str, Any] = opt(factory=dict, help="Checkpoint settings handed to workers (type, output_dir).", status=PIPELINE)
+    checkpoint_config: dict[str, Any] = opt(factory=dict, help="Checkpoint settings handed to workers (type, output_dir).", status=NO_EFFECT_YET)
     # --- schedule
     max_steps: int = opt(500, "Pipeline steps to run.")
     save_steps: int = opt(50, "Save a checkpoint every N steps.", status=PIPELINE)
@@ -268,14 +268,14 @@ class PipelineConfig:
     max_running_requests: int = opt(128, "Max requests in one generation batch per inference worker.", status=PIPELINE)
     is_use_additional_prompts: bool = opt(False, "Run extra prompts beyond the batch to hide stragglers.", status=NO_EFFECT_YET)
     max_additional_running_prompts: int = opt(16, "Extra prompts run beyond the batch size.", status=NO_EFFECT_YET)
-    async_generation_ratio: float = opt(0.0, "Rollouts generated ahead of training (0: synchronous).", status=PIPELINE)
+    async_generation_ratio: float = opt(0.0, "Rollouts generated ahead of training (0: synchronous).", status=NO_EFFECT_YET)
     # --- models
     pretrain: str | None = opt(None, "Default model of actor_train, actor_infer and reference.")
     reward_pretrain: str | None = opt(None, "Default model of the critic (and reward role).")
     # --- PPO core
     ppo_epochs: int = opt(1, "Optimisation passes over each collected batch.", status=PIPELINE)
     max_grad_norm: float = opt(1.0, "Gradient clipping norm.", status=WORKERS)
-    l2: float = opt(0.0, "L2 regularisation coefficient added to the loss.", status=ALGOS)
+    l2: float = opt(0.0, "L2 regularisation coefficient added to the loss.", status=NO_EFFECT_YET)
     lambd: float = opt(0.95, "GAE lambda (bias/variance trade-off).", status=ALGOS)
     gamma: float = opt(1.0, "Discount factor.", status=ALGOS)
     pg_clip: float = opt(0.2, "PPO ratio clip range.", status=ALGOS)
@@ -292,12 +292,12 @@ class PipelineConfig:
     init_kl_coef: float = opt(0.2, "Initial KL penalty coefficient (fixed or adaptive controller).", status=ALGOS)
     kl_horizon: int = opt(10000, "Horizon of the adaptive KL controller.", status=ALGOS)
     # --- reward / advantage processing
-    use_reward_scaling: bool = opt(False, "Scale rewards by running statistics.", status=ALGOS)
-    add_len_reward: bool = opt(False, "Add a response-length reward term.", status=ALGOS)
+    use_reward_scaling: bool = opt(False, "Scale rewards by running statistics.", status=NO_EFFECT_YET)
+    add_len_reward: bool = opt(False, "Add a response-length reward term.", status=NO_EFFECT_YET)
     reward_clip: float | None = opt(None, "Clip rewards to [-reward_clip, reward_clip].", status=ALGOS)
-    difficulty_loss_weight: bool = opt(False, "Weight the loss by prompt difficulty.", status=ALGOS)
-    length_loss_weight: bool = opt(False, "Weight the loss by response length.", status=ALGOS)
-    use_reward_norm: bool = opt(False, "Normalise rewards (with use_reward_scaling).", status=ALGOS)
+    difficulty_loss_weight: bool = opt(False, "Weight the loss by prompt difficulty.", status=NO_EFFECT_YET)
+    length_loss_weight: bool = opt(False, "Weight the loss by response length.", status=NO_EFFECT_YET)
+    use_reward_norm: bool = opt(False, "Normalise rewards (with use_reward_scaling).", status=NO_EFFECT_YET)
     whiten_rewards: bool = opt(False, "Whiten rewards before advantages.", status=ALGOS)
     whiten_advantages: bool = opt(False, "Whiten advantages (zero mean, unit variance over valid tokens).", status=ALGOS)
     advantage_clip: float | None = opt(None, "Clip advantages to [-advantage_clip, advantage_clip].", status=ALGOS)
@@ -333,10 +333,10 @@ class PipelineConfig:
     batch_adjust_mode: Literal["copy", "delete", "auto", "random_sample"] = opt(
         "copy", "How a collected batch is adjusted to a size the trainers divide.", status=PIPELINE
     )
-    episode_reward_weight: float = opt(1.0, "GiGPO: weight of the episode-level advantage.", status=ALGOS)
+    episode_reward_weight: float = opt(1.0, "GiGPO: weight of the episode-level advantage.", status=NO_EFFECT_YET)
     step_reward_weight: float = opt(1.0, "GiGPO: weight of the step-level advantage.", status=ALGOS)
     step_reward_gamma: float = opt(0.95, "GiGPO / step_reinforce: discount of per-step returns.", status=ALGOS)
-    ratio_type: Literal["token", "segment"] = opt("token", "Importance ratio per token or per turn segment.", status=ALGOS)
+    ratio_type: Literal["token", "segment"] = opt("token", "Importance ratio per token or per turn segment.", status=NO_EFFECT_YET)
     # --- roles
     actor_train: WorkerConfig = opt(factory=WorkerConfig, help="Policy training role.")
     actor_infer: WorkerConfig = opt(factory=WorkerConfig, help="Policy inference (rollout) role.")
