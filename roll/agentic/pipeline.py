@@ -31,7 +31,7 @@ from roll.algorithms.kl import AdaptiveKLController, FixedKLController, kl_contr
 from roll.algorithms.losses import ActorLossConfig
 from roll.algorithms.reward_norm import RunningMeanStd
 from roll.configs.derive import needs_critic, needs_reference, train_batch_size
-from roll.configs.schema import ROLES, PipelineConfig
+from roll.configs.schema import PipelineConfig
 from roll.distributed.batch import Batch
 from roll.utils.checkpoint import read_state, resolve_resume, save_checkpoint
 from roll.utils.tracking import make_tracker
@@ -259,4 +259,4 @@ def _progress(total: int, start: int) -> Any:
     return tqdm(total=total, initial=0, desc=f"steps from {start}", unit="step", dynamic_ncols=True)
 
 
-__all__ = ["AgenticPipeline", "ROLES"]
+__all__ = ["AgenticPipeline"]
