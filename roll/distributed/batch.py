@@ -129,7 +129,7 @@ class Batch:
 
     # --- transport
     def __reduce__(self):
-        packed = {k: _to_numpy(v) for k, v in self.tensors.items()}
+        packed = {k: tensor_to_numpy(v) for k, v in self.tensors.items()}
         return (_rebuild, (packed, self.non_tensors, self.meta))
 
 
@@ -165,16 +165,19 @@ def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(tensors)
 
 
-def _to_numpy(t: torch.Tensor) -> tuple[np.ndarray, str]:
+def tensor_to_numpy(t: torch.Tensor) -> tuple[np.ndarray, str]:
+    """A numpy view of a tensor for out-of-band transport, plus a tag (bf16 travels as int16 bits)."""
     t = t.detach().cpu().contiguous()
     if t.dtype == torch.bfloat16:  # numpy has no bfloat16: ship the bits
         return t.view(torch.int16).numpy(), "bfloat16"
     return t.numpy(), ""
 
 
+def numpy_to_tensor(arr: np.ndarray, tag: str) -> torch.Tensor:
+    """Inverse of ``tensor_to_numpy``; a read-only buffer (Ray's object store) is copied."""
+    t = torch.from_numpy(arr) if arr.flags.writeable else torch.from_numpy(arr.copy())
+    return t.view(torch.bfloat16) if tag == "bfloat16" else t
+
+
 def _rebuild(packed: dict[str, tuple[np.ndarray, str]], non_tensors: dict[str, np.ndarray], meta: dict[str, Any]) -> Batch:
-    tensors = {}
-    for k, (arr, tag) in packed.items():
-        t = torch.from_numpy(arr) if arr.flags.writeable else torch.from_numpy(arr.copy())
-        tensors[k] = t.view(torch.bfloat16) if tag == "bfloat16" else t
-    return Batch(tensors, non_tensors, meta)
+    return Batch({k: numpy_to_tensor(arr, tag) for k, (arr, tag) in packed.items()}, non_tensors, meta)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
-from roll.distributed.batch import Batch
+from roll.distributed.batch import Batch, numpy_to_tensor
 from roll.distributed.weight_transport import SharedWeightsReceiver
 from roll.strategies.base import Generation, SamplingParams
 from roll.workers.base import RoleWorker
@@ -19,16 +18,9 @@ class ActorInferWorker(RoleWorker):
 
     def update_weights(self, bucket: Any) -> None:
         import ray
-        import torch
-
         if isinstance(bucket, ray.ObjectRef):  # refs nested in a list are not resolved by Ray
             bucket = ray.get(bucket)
-        tensors = []
-        for name, (array, tag) in bucket:  # read-only views of the object store: copied once, into the params
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # a read-only view: it is only read from
-                t = torch.from_numpy(array)
-            tensors.append((name, t.view(torch.bfloat16) if tag == "bfloat16" else t))
+        tensors = [(name, numpy_to_tensor(array, tag)) for name, (array, tag) in bucket]
         self.strategy.load_weights(tensors)
 
     def load_shared_weights(self, buffer_name: str, slots: list) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from roll.algorithms.losses import ActorLossConfig, actor_loss
-from roll.distributed.batch import Batch
+from roll.distributed.batch import Batch, tensor_to_numpy
 from roll.distributed.weight_transport import SharedWeightsSender
 from roll.workers.base import RoleWorker
 
@@ -64,7 +64,7 @@ class ActorTrainWorker(RoleWorker):
                 slots = self._sender.write(bucket)
                 calls += [w.load_shared_weights.remote(buffer, slots) for w in local]
             if remote:
-                ref = ray.put([(name, _to_numpy(t)) for name, t in bucket])
+                ref = ray.put([(name, tensor_to_numpy(t)) for name, t in bucket])
                 calls += [w.update_weights.remote(ref) for w in remote]
             ray.get(calls)
             sent += sum(t.numel() * t.element_size() for _, t in bucket)
@@ -79,7 +79,3 @@ class ActorTrainWorker(RoleWorker):
     def load_checkpoint(self, path: str) -> None:
         self.strategy.load_checkpoint(path)
 
-
-def _to_numpy(t: torch.Tensor):
-    t = t.detach().cpu().contiguous()
-    return (t.view(torch.int16).numpy(), "bfloat16") if t.dtype == torch.bfloat16 else (t.numpy(), "")
