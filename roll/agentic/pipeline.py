@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import time
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ from roll.agentic.rollout import EnvManagerHost, make_rollout, ray_factory
 from roll.algorithms.kl import AdaptiveKLController, FixedKLController, kl_controller
 from roll.algorithms.losses import ActorLossConfig
 from roll.algorithms.reward_norm import RunningMeanStd
-from roll.configs.derive import needs_critic, needs_reference, train_batch_size
+from roll.configs.derive import needs_critic, needs_reference, optimizer_steps_per_rollout, train_batch_size
 from roll.configs.schema import PipelineConfig
 from roll.distributed.batch import Batch
 from roll.utils.checkpoint import read_state, resolve_resume, save_checkpoint
@@ -83,10 +82,8 @@ class AgenticPipeline:
         log.info("workers ready (%d roles, up to %d colocated per device)", len(roles), colocated)
 
     def _optimizer_steps(self) -> int:
-        cfg, ta = self.cfg, self.cfg.actor_train.training_args
-        per_step = math.ceil(train_batch_size(cfg) / (ta.per_device_train_batch_size * ta.gradient_accumulation_steps
-                                                      * (cfg.actor_train.world_size or 1)))
-        return max(1, per_step * cfg.ppo_epochs * max(cfg.max_steps, 1))
+        cfg = self.cfg
+        return max(1, optimizer_steps_per_rollout(cfg) * cfg.ppo_epochs * max(cfg.max_steps, 1))
 
     def _start_rollouts(self) -> None:
         import ray

@@ -53,6 +53,11 @@ def build_config(
     return _build_dataclass(schema.PipelineConfig, data, "", report, allowed_helper_keys)
 
 
+def convert_value(tp: Any, value: Any, path: str) -> Any:
+    """Check and convert one value to a schema type, naming ``path`` on error."""
+    return _convert(tp, value, path, BuildReport())
+
+
 def _build_dataclass(cls: type, data: Any, path: str, report: BuildReport, helpers: typing.Container[str] = ()) -> Any:
     if not isinstance(data, Mapping):
         raise ConfigError(path or "<root>", f"expected a mapping of keys, got {_show(data)}")

@@ -14,6 +14,12 @@ import math
 from roll.configs import schema
 from roll.configs.device_mapping import parse_device_mapping
 from roll.configs.errors import ConfigError, nearest
+from roll.configs.strategy_configs import (
+    MegatronConfig,
+    check_megatron_world,
+    megatron_global_batch,
+    parse_strategy_config,
+)
 
 # Which backends each role may use (import paths of user backends are always allowed).
 ROLE_STRATEGIES = {
@@ -60,15 +66,26 @@ def needs_critic(cfg: schema.PipelineConfig) -> bool:
 def data_parallel_size(worker: schema.WorkerConfig) -> int:
     """Data-parallel ranks of a (finalized) role: world size over model-parallel sizes for megatron."""
     world = worker.world_size or 1
-    if worker.strategy_args.strategy_name in ("megatron_train", "megatron_infer"):
-        sc = worker.strategy_args.strategy_config or {}
-        model_parallel = (
-            int(sc.get("tensor_model_parallel_size", 1))
-            * int(sc.get("pipeline_model_parallel_size", 1))
-            * int(sc.get("context_parallel_size", 1))
-        )
-        return world // model_parallel
+    typed = parse_strategy_config(worker.strategy_args.strategy_name, worker.strategy_args.strategy_config)
+    if isinstance(typed, MegatronConfig):
+        return world // typed.model_parallel_size
     return world
+
+
+def global_train_batch_size(worker: schema.WorkerConfig) -> int:
+    """Sequences per optimizer step of a (finalized) training role. DeepSpeed: per_device x grad_accum x
+    world size; Megatron: the same over TP x PP x CP (ROLL's guide)."""
+    ta = worker.training_args
+    typed = parse_strategy_config(worker.strategy_args.strategy_name, worker.strategy_args.strategy_config)
+    if isinstance(typed, MegatronConfig):
+        return megatron_global_batch(ta.per_device_train_batch_size, ta.gradient_accumulation_steps,
+                                     worker.world_size or 1, typed)
+    return ta.per_device_train_batch_size * ta.gradient_accumulation_steps * (worker.world_size or 1)
+
+
+def optimizer_steps_per_rollout(cfg: schema.PipelineConfig, role: str = "actor_train") -> int:
+    """Optimizer steps one training batch gives per PPO epoch (the last mini-batch may be smaller)."""
+    return math.ceil(train_batch_size(cfg) / global_train_batch_size(getattr(cfg, role)))
 
 
 def _positive(cfg: schema.PipelineConfig) -> None:
@@ -104,10 +121,12 @@ def _finalize_worker(cfg: schema.PipelineConfig, role: str, worker: schema.Worke
     if worker.data_args.prompt is not None and worker.data_args.messages is not None:
         raise ConfigError(f"{role}.data_args.messages", "conflicts with data_args.prompt; set only one of them")
 
+    typed = parse_strategy_config(strategy, worker.strategy_args.strategy_config, f"{role}.strategy_args.strategy_config")
     if strategy == "vllm":
-        # vLLM's own parallel sizes decide how many devices one engine takes.
-        sc = worker.strategy_args.strategy_config or {}
-        worker.num_gpus_per_worker = int(sc.get("tensor_parallel_size", 1)) * int(sc.get("pipeline_parallel_size", 1))
+        # The engine's own parallel sizes decide how many devices one engine takes.
+        worker.num_gpus_per_worker = typed.tensor_parallel_size * typed.pipeline_parallel_size
+    elif strategy == "sglang":
+        worker.num_gpus_per_worker = typed.tensor_parallel_size
     elif strategy not in INFERENCE_ENGINES and "." not in strategy:
         worker.num_gpus_per_worker = 1  # training ranks hold one device each (parallelism is inside the strategy)
     if worker.num_gpus_per_worker < 1:
@@ -130,8 +149,8 @@ def _finalize_worker(cfg: schema.PipelineConfig, role: str, worker: schema.Worke
             f"{worker.num_gpus_per_worker}) gives {world}",
         )
     worker.world_size = world
-    if strategy in ("megatron_train", "megatron_infer"):
-        _check_megatron(role, worker)
+    if isinstance(typed, MegatronConfig):
+        check_megatron_world(typed, world, f"{role}.device_mapping")
     return worker
 
 
@@ -145,20 +164,6 @@ def _check_strategy(role: str, strategy: str) -> None:
     hint = nearest(strategy, schema.STRATEGY_NAMES)
     suffix = f"; did you mean {hint!r}?" if hint else ""
     raise ConfigError(path, f"unknown strategy {strategy!r} (known: {', '.join(schema.STRATEGY_NAMES)}){suffix}")
-
-
-def _check_megatron(role: str, worker: schema.WorkerConfig) -> None:
-    sc = worker.strategy_args.strategy_config or {}
-    sizes = {k: sc.get(k, 1) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")}
-    for key, value in sizes.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"{role}.strategy_args.strategy_config.{key}", f"must be an integer >= 1, got {value!r}")
-    model_parallel = math.prod(sizes.values())
-    if (worker.world_size or 1) % model_parallel:
-        raise ConfigError(
-            f"{role}.device_mapping",
-            f"world size {worker.world_size} does not divide by tensor x pipeline x context parallel = {model_parallel}",
-        )
 
 
 def _check_required_roles(cfg: schema.PipelineConfig) -> None:

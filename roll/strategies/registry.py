@@ -6,6 +6,7 @@ import importlib
 from typing import Any
 
 from roll.configs.errors import ConfigError, nearest
+from roll.strategies.backends import check_backend
 
 BUILTIN: dict[str, str] = {
     "hf_infer": "roll.strategies.hf_infer:HFInferStrategy",
@@ -15,7 +16,6 @@ BUILTIN: dict[str, str] = {
     "megatron_train": "roll.strategies.megatron_train:MegatronTrainStrategy",
     "megatron_infer": "roll.strategies.megatron_train:MegatronInferStrategy",
 }
-GPU_ONLY = {"vllm", "sglang", "megatron_train", "megatron_infer"}
 
 
 class StrategyRegistry:
@@ -37,12 +37,7 @@ class StrategyRegistry:
         if target is None and "." not in name:
             hint = nearest(name, self._paths)
             raise ConfigError(where, f"unknown strategy {name!r}" + (f"; did you mean {hint!r}?" if hint else ""))
-        if name in GPU_ONLY:
-            import torch
-
-            if not torch.cuda.is_available():
-                raise ConfigError(where, f"strategy {name!r} needs a CUDA GPU and this machine has none; "
-                                         "use hf_infer / deepspeed_train on CPU")
+        check_backend(name, where)  # CUDA, package and version of the GPU backends
         if isinstance(target, type):
             return target
         return _import(target or name, where)

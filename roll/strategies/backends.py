@@ -1,0 +1,77 @@
+"""What each GPU backend needs at start: CUDA, its package, and a supported version of it.
+
+The supported ranges here are the ones ``pyproject.toml`` declares in its extras (a test keeps the
+two equal). They bound the versions whose APIs these strategies are written against: the lower
+bound is the first release with every call we make, the upper bound the newest release read.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from roll.configs.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Backend:
+    distribution: str  # the name pip installs
+    supported: str  # PEP 440 specifier
+    extra: str  # the roll extra that installs it
+    why: str = ""  # what in the API needs the lower bound
+
+
+BACKENDS: dict[str, Backend] = {
+    "vllm": Backend("vllm", ">=0.10.2,<0.34", "vllm",
+                    "AsyncLLM sleep/wake_up(tags), collective_rpc, worker_extension_cls, logprobs_mode"),
+    "sglang": Backend("sglang", ">=0.5.2,<0.6", "sglang",
+                      "Engine.release/resume_memory_occupation(tags), update_weights_from_tensor, "
+                      "SGLANG_RETURN_ORIGINAL_LOGPROB"),
+    "megatron_train": Backend("megatron-core", ">=0.16,<0.20", "megatron",
+                              "initialize_model_parallel(expert_tensor_parallel_size), get_megatron_optimizer"),
+}
+BACKENDS["megatron_infer"] = BACKENDS["megatron_train"]
+
+
+def installed_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_backend(
+    strategy: str,
+    where: str = "strategy_name",
+    *,
+    cuda_available: Callable[[], bool] | None = None,
+    version_of: Callable[[str], str | None] = installed_version,
+) -> None:
+    """Raise ConfigError naming what is missing for ``strategy``: a CUDA GPU, the package, or a
+    supported version of it. Backends not listed here (hf_infer, deepspeed_train) pass."""
+    backend = BACKENDS.get(strategy)
+    if backend is None:
+        return
+    if cuda_available is None:
+        import torch
+
+        cuda_available = torch.cuda.is_available
+    if not cuda_available():
+        raise ConfigError(where, f"strategy {strategy!r} needs a CUDA GPU and this machine has none; "
+                                 "use hf_infer / deepspeed_train on CPU")
+    version = version_of(backend.distribution)
+    install = f"pip install 'roll[{backend.extra}]'"
+    if version is None:
+        raise ConfigError(where, f"strategy {strategy!r} needs {backend.distribution}{backend.supported}, which is "
+                                 f"not installed ({install})")
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        ok = Version(version) in SpecifierSet(backend.supported, prereleases=True)
+    except InvalidVersion:
+        ok = False
+    if not ok:
+        raise ConfigError(where, f"strategy {strategy!r}: {backend.distribution} {version} is installed, but roll "
+                                 f"supports {backend.distribution}{backend.supported} ({install})")
