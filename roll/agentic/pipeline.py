@@ -66,11 +66,15 @@ class AgenticPipeline:
         ray_init(num_cpus=None if use_gpu else max(os.cpu_count() or 1, 1), object_store_mb=int(os.environ.get("ROLL_OBJECT_STORE_MB", "1024")))
         self.resources = ResourceManager(devices, cfg.num_gpus_per_node, use_gpu=use_gpu)
         colocated = max(sum(d in getattr(cfg, r).device_mapping for r in roles) for d in devices)
+        self.colocated_roles = sorted(r for r in roles if any(
+            set(getattr(cfg, r).device_mapping) & set(getattr(cfg, o).device_mapping) for o in roles if o != r))
         settings = {
             "seed": cfg.seed, "max_grad_norm": cfg.max_grad_norm, "system_envs": cfg.system_envs,
             "total_steps": self._optimizer_steps(),
             # colocated roles take turns (one phase at a time), so each may use every core
             "threads_per_worker": os.cpu_count() or 1,
+            "colocated_roles": self.colocated_roles,
+            "sequence_length": cfg.sequence_length,
         }
         for role in roles:
             worker = getattr(cfg, role)
@@ -79,6 +83,10 @@ class AgenticPipeline:
             self.clusters[role] = Cluster(role, cls, worker, self.resources, settings, rpc_timeout=cfg.rpc_timeout)
         for role in roles:  # one role at a time: colocated model loads do not compete for memory
             self.clusters[role].call("initialize")
+        # On GPUs, colocated roles take turns: before each phase the others free their device memory
+        # (vLLM sleep, SGLang release, training state to CPU). On CPU there is nothing to free.
+        self.time_share = use_gpu and bool(self.colocated_roles)
+        self.resident = set(roles)
         log.info("workers ready (%d roles, up to %d colocated per device)", len(roles), colocated)
 
     def _optimizer_steps(self) -> int:
@@ -146,8 +154,10 @@ class AgenticPipeline:
             step_start = time.perf_counter()
             if step == self.start_step or step % cfg.actor_infer.model_update_frequency == 0:
                 with timer("weight_sync"):
+                    self.devices_to("actor_train")  # actor_infer wakes its weights itself to receive them
                     metrics.update(self.sync_weights())
             with timer("rollout"):
+                self.devices_to("actor_infer")
                 rollout = self.train_rollout.collect(train_batch_size(cfg), step)
             batch = rollout.batch
             metrics.update(rollout.metrics)
@@ -156,11 +166,14 @@ class AgenticPipeline:
                     metrics.update(self.val_rollout.collect(cfg.val_batch_size, step).metrics)
             if "reference" in self.clusters:
                 with timer("reference"):
+                    self.devices_to("reference")
                     batch = batch | self.clusters["reference"].dispatch("compute_log_probs", batch)
             with timer("old_log_probs"):
+                self.devices_to("actor_train")
                 batch = batch | self.clusters["actor_train"].dispatch("compute_log_probs", batch)
             if "critic" in self.clusters:
                 with timer("values"):
+                    self.devices_to("critic")
                     batch = batch | self.clusters["critic"].dispatch("compute_values", batch)
             with timer("advantages"):
                 batch, adv_metrics, self.running = compute_batch_advantages(batch, cfg, self.kl_ctl.value, self.running)
@@ -172,6 +185,7 @@ class AgenticPipeline:
                         "train_step", batch, cfg.value_clip, cfg.loss_agg_mode, cfg.ppo_epochs)))
             if step >= cfg.critic_warmup:
                 with timer("actor_train"):
+                    self.devices_to("actor_train")
                     metrics.update(_mean(self.clusters["actor_train"].dispatch("train_step", batch, self.loss_config(), cfg.ppo_epochs)))
             if cfg.save_steps and ((step + 1) % cfg.save_steps == 0 or step + 1 == cfg.max_steps):
                 with timer("checkpoint"):
@@ -186,6 +200,19 @@ class AgenticPipeline:
         return last
 
     # --- pieces
+    def devices_to(self, role: str) -> None:
+        """Make ``role`` resident on its devices, freeing the colocated roles' memory first."""
+        if not self.time_share or role not in self.clusters:
+            return
+        mine = set(getattr(self.cfg, role).device_mapping)
+        for other in self.colocated_roles:
+            if other != role and other in self.resident and mine & set(getattr(self.cfg, other).device_mapping):
+                self.clusters[other].call("offload")
+                self.resident.discard(other)
+        if role not in self.resident:
+            self.clusters[role].call("reload")
+            self.resident.add(role)
+
     def sync_weights(self) -> dict[str, float]:
         stats = self.clusters["actor_train"].call("sync_weights", self.clusters["actor_infer"].workers)
         return stats[0]

@@ -85,6 +85,18 @@ class MegatronConfig:
     make_vocab_size_divisible_by: int = opt(128, "The embedding is padded to a multiple of this x TP (padding rows never score).")
     transformer_config: dict[str, Any] = opt(factory=dict, help="More megatron-core TransformerConfig fields, passed verbatim.")
 
+    def parallel_sizes(self) -> dict[str, int | None]:
+        """The sizes under the names both megatron-core's initialize_model_parallel and
+        TransformerConfig use (expert tensor parallel defaults to tensor parallel)."""
+        return dict(
+            tensor_model_parallel_size=self.tensor_model_parallel_size,
+            pipeline_model_parallel_size=self.pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=self.virtual_pipeline_model_parallel_size,
+            context_parallel_size=self.context_parallel_size,
+            expert_model_parallel_size=self.expert_model_parallel_size,
+            expert_tensor_parallel_size=self.expert_tensor_parallel_size or self.tensor_model_parallel_size,
+        )
+
     @property
     def model_parallel_size(self) -> int:
         return self.tensor_model_parallel_size * self.pipeline_model_parallel_size * self.context_parallel_size

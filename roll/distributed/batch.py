@@ -49,6 +49,10 @@ class Batch:
     def keys(self) -> list[str]:
         return [*self.tensors, *self.non_tensors]
 
+    def to(self, device: torch.device | str) -> Batch:
+        """The same rows with every tensor on ``device`` (a GPU strategy's loss sees one device)."""
+        return Batch({k: v.to(device) for k, v in self.tensors.items()}, dict(self.non_tensors), dict(self.meta))
+
     # --- row operations
     def select(self, rows: Sequence[int] | torch.Tensor | np.ndarray) -> Batch:
         idx = torch.as_tensor(rows, dtype=torch.long)

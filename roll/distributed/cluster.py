@@ -20,6 +20,24 @@ log = logging.getLogger(__name__)
 STARTUP_TIMEOUT = 600.0  # starting a worker process (imports, Ray scheduling), separate from rpc_timeout
 
 
+def plan_dispatch(layout: list[tuple[int, int, bool]]) -> tuple[int, list[int]]:
+    """From each rank's (data-parallel rank, data-parallel size, answers): the data-parallel size
+    and, per data-parallel rank in order, the worker rank whose result is kept."""
+    sizes = {size for _, size, _ in layout}
+    if len(sizes) != 1:
+        raise RuntimeError(f"ranks disagree on the data-parallel size: {sorted(sizes)}")
+    (dp_size,) = sizes
+    collectors: dict[int, int] = {}
+    for rank, (dp_rank, _, answers) in enumerate(layout):
+        if answers:
+            if dp_rank in collectors:
+                raise RuntimeError(f"data-parallel rank {dp_rank} has two answering ranks: {collectors[dp_rank]}, {rank}")
+            collectors[dp_rank] = rank
+    if sorted(collectors) != list(range(dp_size)):
+        raise RuntimeError(f"data-parallel ranks without an answering rank: {sorted(set(range(dp_size)) - set(collectors))}")
+    return dp_size, [collectors[d] for d in range(dp_size)]
+
+
 class WorkerDiedError(RuntimeError):
     pass
 
@@ -42,6 +60,7 @@ class Cluster:
 
         self.role = role
         self.rpc_timeout = rpc_timeout
+        self._layout: list[tuple[int, int, bool]] | None = None  # per rank: (dp rank, dp size, answers)
         devices = worker_config.device_mapping
         per = worker_config.num_gpus_per_worker
         self.world_size = len(devices) // per
@@ -75,11 +94,17 @@ class Cluster:
         return self.call(method, *args, **kwargs)[0]
 
     def dispatch(self, method: str, batch: Batch, *args: Any, **kwargs: Any) -> Any:
-        """Split ``batch`` over the ranks and run ``method`` on each part. Batch results are gathered
-        back into row order; other results (metrics) come back as a list in rank order."""
-        parts = batch.split(self.world_size)
-        refs = [getattr(w, method).remote(part, *args, **kwargs) for w, part in zip(self.workers, parts)]
+        """Split ``batch`` over the data-parallel ranks and run ``method`` on each part (ranks of one
+        model-parallel replica get the same part). Batch results are gathered back into row order
+        from one rank per replica; other results (metrics) come back as a list, one per replica."""
+        if self._layout is None:
+            self._layout = self.call("data_parallel_info")
+        dp_size, collectors = plan_dispatch(self._layout)
+        parts = batch.split(dp_size)
+        refs = [getattr(w, method).remote(parts[dp_rank], *args, **kwargs)
+                for w, (dp_rank, _, _) in zip(self.workers, self._layout)]
         results = [self._get(ref, rank, method) for rank, ref in enumerate(refs)]
+        results = [results[rank] for rank in collectors]
         if not all(isinstance(r, Batch) for r in results):
             return results
         for part, result in zip(parts, results):

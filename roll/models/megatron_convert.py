@@ -172,14 +172,21 @@ def megatron_to_hf(mc: Mapping[str, torch.Tensor], layout: GPTLayout) -> Tensors
     return out
 
 
-def _layer_to_megatron(p: dict[str, torch.Tensor], L: GPTLayout, i: int) -> Tensors:
-    out: Tensors = {}
-    moe = L.num_experts > 0
+def _taker(p: dict[str, torch.Tensor], side: str, i: int) -> Any:
+    """take(name): remove and return one of layer i's weights; what is left at the end was not mapped."""
 
     def take(name: str) -> torch.Tensor:
         if name not in p:
-            raise KeyError(f"HF layer {i} is missing {name!r} (a bucket must hold whole layers)")
+            raise KeyError(f"{side} layer {i} is missing {name!r} (a bucket must hold whole layers)")
         return p.pop(name)
+
+    return take
+
+
+def _layer_to_megatron(p: dict[str, torch.Tensor], L: GPTLayout, i: int) -> Tensors:
+    out: Tensors = {}
+    moe = L.num_experts > 0
+    take = _taker(p, "HF", i)
 
     attn_norm = "self_attention.linear_qkv.layer_norm_weight" if L.fused_norms else "input_layernorm.weight"
     out[attn_norm] = take("input_layernorm.weight")
@@ -218,13 +225,8 @@ def _layer_to_megatron(p: dict[str, torch.Tensor], L: GPTLayout, i: int) -> Tens
 def _layer_to_hf(p: dict[str, torch.Tensor], L: GPTLayout, i: int) -> Tensors:
     out: Tensors = {}
     moe = L.num_experts > 0
-
-    def take(name: str) -> torch.Tensor:
-        if name not in p:
-            raise KeyError(f"megatron layer {i} is missing {name!r} (a bucket must hold whole layers)")
-        return p.pop(name)
-
     p = {k: v for k, v in p.items() if not k.endswith("_extra_state")}
+    take = _taker(p, "megatron", i)
     out["input_layernorm.weight"] = take(
         "self_attention.linear_qkv.layer_norm_weight" if L.fused_norms else "input_layernorm.weight")
     q, k, v = _split_qkv(take("self_attention.linear_qkv.weight"), L)

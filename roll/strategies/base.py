@@ -24,6 +24,8 @@ class StrategyContext:
     seed: int = 42
     max_grad_norm: float = 1.0
     total_steps: int = 1000  # optimizer steps the LR schedule spans
+    colocated: bool = False  # shares devices with another role (GPU engines then free memory between phases)
+    max_sequence_length: int | None = None  # prompt + response tokens (engines size their KV cache by it)
 
 
 @dataclass(frozen=True)
@@ -72,14 +74,30 @@ class ForwardOutput:
     logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
     _entropy: torch.Tensor | None = field(default=None, repr=False)
+    entropy_fn: Callable[[], torch.Tensor] | None = field(default=None, repr=False)  # when logits are sharded
 
     def entropy(self) -> torch.Tensor:
         from roll.models.logprobs import shifted_entropy
 
         if self._entropy is None:
-            assert self.logits is not None, "entropy needs logits"
-            self._entropy = shifted_entropy(self.logits)
+            if self.entropy_fn is not None:
+                self._entropy = self.entropy_fn()
+            else:
+                assert self.logits is not None, "entropy needs logits"
+                self._entropy = shifted_entropy(self.logits)
         return self._entropy
+
+
+def global_counts(mask: torch.Tensor, device: torch.device, group: Any = None, world_size: int = 1) -> Any:
+    """Token and sequence counts of ``mask`` summed over the data-parallel ranks (``group``), which
+    the losses normalise by, so micro-batch losses add up to the global-batch loss."""
+    from roll.algorithms.losses import GlobalCounts
+
+    # on the training device: NCCL reduces CUDA tensors only
+    local = torch.tensor([float(mask.sum()), float((mask.sum(-1) > 0).sum())], dtype=torch.float64, device=device)
+    if world_size > 1:
+        torch.distributed.all_reduce(local, group=group)
+    return GlobalCounts(tokens=float(local[0]), seqs=float(local[1]), norm_length=float(mask.shape[-1]))
 
 
 # loss_fn(micro_batch, forward_output, counts) -> (loss, metrics)

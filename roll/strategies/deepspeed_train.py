@@ -24,11 +24,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from roll.algorithms.losses import GlobalCounts
 from roll.distributed.batch import Batch
 from roll.models.loading import load_causal_lm, load_value_model
 from roll.models.logprobs import position_ids_from_mask, shifted_token_logprobs
-from roll.strategies.base import ForwardOutput, LossFn, NamedTensors, StrategyContext, TrainStrategy
+from roll.strategies.base import (
+    ForwardOutput,
+    LossFn,
+    NamedTensors,
+    StrategyContext,
+    TrainStrategy,
+    global_counts,
+)
 
 log = logging.getLogger(__name__)
 
@@ -171,10 +177,10 @@ class DeepSpeedTrainStrategy(TrainStrategy):
         for _ in range(epochs):
             for start in range(0, len(batch), mini):
                 mini_batch = batch.select(range(start, min(len(batch), start + mini)))
-                counts = self._global_counts(mini_batch[mask_key])
+                counts = global_counts(mini_batch[mask_key], self.device, world_size=self.world_size)
                 parts = list(range(0, len(mini_batch), micro))
                 for j, m_start in enumerate(parts):
-                    micro_batch = mini_batch.select(range(m_start, min(len(mini_batch), m_start + micro)))
+                    micro_batch = mini_batch.select(range(m_start, min(len(mini_batch), m_start + micro))).to(self.device)
                     out = self._forward(micro_batch, grad=True)
                     loss, metrics = loss_fn(micro_batch, out, counts)
                     self.engine.set_gradient_accumulation_boundary(j == len(parts) - 1)
@@ -193,12 +199,6 @@ class DeepSpeedTrainStrategy(TrainStrategy):
         result[f"{prefix}/lr"] = float(self.scheduler.get_last_lr()[0])
         result[f"{prefix}/optimizer_steps"] = float(n_steps)
         return result
-
-    def _global_counts(self, mask: torch.Tensor) -> GlobalCounts:
-        local = torch.tensor([float(mask.sum()), float((mask.sum(-1) > 0).sum())], dtype=torch.float64)
-        if self.world_size > 1:
-            torch.distributed.all_reduce(local)
-        return GlobalCounts(tokens=float(local[0]), seqs=float(local[1]), norm_length=float(mask.shape[-1]))
 
     def _grad_norm_before_step(self) -> float | None:
         """Without ZeRO, DeepSpeed does not report the norm: take it from the gradients (before clipping)."""

@@ -62,12 +62,7 @@ def transformer_config_kwargs(hf_config: Any, mc: MegatronConfig, dtype: str | N
         bf16=dtype == "bf16",
         fp16=dtype == "fp16",
         params_dtype=DTYPES[dtype],
-        tensor_model_parallel_size=mc.tensor_model_parallel_size,
-        pipeline_model_parallel_size=mc.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=mc.virtual_pipeline_model_parallel_size,
-        context_parallel_size=mc.context_parallel_size,
-        expert_model_parallel_size=mc.expert_model_parallel_size,
-        expert_tensor_parallel_size=mc.expert_tensor_parallel_size or mc.tensor_model_parallel_size,
+        **mc.parallel_sizes(),
         # megatron-core refuses sequence parallel at TP 1, where it means nothing
         sequence_parallel=mc.sequence_parallel and mc.tensor_model_parallel_size > 1,
         recompute_granularity=mc.recompute_granularity,

@@ -37,12 +37,20 @@ class RoleWorker:
     def context(self) -> StrategyContext:
         s = self.settings
         return StrategyContext(role=self.role, rank=self.rank, world_size=self.world_size, seed=s.get("seed", 42),
-                               max_grad_norm=s.get("max_grad_norm", 1.0), total_steps=s.get("total_steps", 1000))
+                               max_grad_norm=s.get("max_grad_norm", 1.0), total_steps=s.get("total_steps", 1000),
+                               colocated=self.role in s.get("colocated_roles", ()),
+                               max_sequence_length=s.get("sequence_length"))
 
     def initialize(self) -> None:
         cls = default_registry().resolve(self.config.strategy_args.strategy_name, self.role)
         self.strategy = cls(self.config, self.context())
         self.strategy.initialize()
+
+    def data_parallel_info(self) -> tuple[int, int, bool]:
+        """(data-parallel rank, data-parallel size, whether this rank's results are kept): every rank
+        is its own replica unless the strategy says otherwise (megatron model parallelism)."""
+        info = getattr(self.strategy, "data_parallel_info", None)
+        return info() if info is not None else (self.rank, self.world_size, True)
 
     def node_id(self) -> str:
         import ray

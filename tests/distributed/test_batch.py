@@ -77,3 +77,16 @@ def test_out_of_band_buffers_carry_the_tensor_data():
     data = pickle.dumps(b, protocol=5, buffer_callback=buffers.append)
     assert len(data) < 10_000 and sum(memoryview(x).nbytes for x in buffers) >= 400_000  # zero-copy path
     assert torch.equal(pickle.loads(data, buffers=buffers)["big"], b["big"])
+
+
+def test_dispatch_plan_for_model_parallel_replicas() -> None:
+    from roll.distributed.cluster import plan_dispatch
+
+    # plain data parallel: every rank answers for itself
+    assert plan_dispatch([(0, 2, True), (1, 2, True)]) == (2, [0, 1])
+    # TP 2 x DP 2 (megatron order: tensor ranks adjacent): rank 0 answers for replica 0, rank 2 for replica 1
+    assert plan_dispatch([(0, 2, True), (0, 2, False), (1, 2, True), (1, 2, False)]) == (2, [0, 2])
+    with pytest.raises(RuntimeError, match="without an answering rank: \\[1\\]"):
+        plan_dispatch([(0, 2, True), (1, 2, False)])
+    with pytest.raises(RuntimeError, match="disagree"):
+        plan_dispatch([(0, 2, True), (0, 1, True)])

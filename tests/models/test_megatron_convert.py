@@ -188,3 +188,26 @@ def test_fused_expert_parameters_convert_like_checkpoint_names() -> None:
     assert all(torch.equal(from_fused[k], from_named[k]) for k in from_fused)
     gate_up = fused["model.layers.1.mlp.experts.gate_up_proj"][3]
     assert torch.equal(megatron_to_hf(from_fused, layout)["model.layers.1.mlp.experts.3.up_proj.weight"], gate_up[24:])
+
+
+def test_transformer_config_from_hf_configs() -> None:
+    from roll.configs.strategy_configs import MegatronConfig
+    from roll.strategies.megatron_model import transformer_config_kwargs
+
+    mc = MegatronConfig(tensor_model_parallel_size=1, sequence_parallel=True, recompute_granularity="full")
+    kw = transformer_config_kwargs(_model("qwen2").config, mc, "bf16")
+    assert kw["add_qkv_bias"] and not kw["qk_layernorm"] and kw["num_query_groups"] == 2 and kw["kv_channels"] == 8
+    assert kw["bf16"] and kw["params_dtype"] == torch.bfloat16
+    assert kw["sequence_parallel"] is False  # meaningless at TP 1; megatron-core refuses it there
+    assert (kw["recompute_method"], kw["recompute_num_layers"]) == ("uniform", 1)
+    assert transformer_config_kwargs(_model("qwen3").config, MegatronConfig(), None)["qk_layernorm"]
+    moe = transformer_config_kwargs(_model("qwen2_moe").config, MegatronConfig(), None)
+    assert (moe["num_moe_experts"], moe["moe_router_topk"], moe["moe_ffn_hidden_size"]) == (4, 2, 24)
+    assert moe["moe_router_pre_softmax"] and moe["moe_shared_expert_gate"]  # Qwen2-MoE routes without renormalising
+    gpt2 = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2)
+    with pytest.raises(ValueError, match="supports model types .*got 'gpt2'"):
+        transformer_config_kwargs(gpt2, MegatronConfig(), None)
+    yarn = transformers.LlamaConfig(**BASE, rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                          "original_max_position_embeddings": 32})
+    with pytest.raises(ValueError, match="rope scaling 'yarn'"):
+        transformer_config_kwargs(yarn, MegatronConfig(), None)
