@@ -13,6 +13,7 @@ from typing import Any, Literal, Union
 from roll.configs import schema
 from roll.configs.build import ALIASES
 from roll.configs.roll_compat import NO_EFFECT
+from roll.configs.strategy_configs import MegatronConfig, SGLangConfig, VLLMConfig
 
 _SECTIONS: list[tuple[str, type, str]] = [
     ("Pipeline (top level)", schema.PipelineConfig, ""),
@@ -25,6 +26,9 @@ _SECTIONS: list[tuple[str, type, str]] = [
     ("Env managers: train_env_manager, val_env_manager", schema.EnvManagerConfig, "<env_manager>"),
     ("custom_envs entries", schema.CustomEnvConfig, "custom_envs.<tag>"),
     ("reward_normalization", schema.RewardNormalizationConfig, "reward_normalization"),
+    ("strategy_config of vllm (actor_infer)", VLLMConfig, "<role>.strategy_args.strategy_config"),
+    ("strategy_config of sglang (actor_infer)", SGLangConfig, "<role>.strategy_args.strategy_config"),
+    ("strategy_config of megatron_train / megatron_infer", MegatronConfig, "<role>.strategy_args.strategy_config"),
 ]
 
 _HEADER = """# Configuration reference
@@ -43,6 +47,14 @@ problem. Top-level keys used only as `${...}` interpolation sources, and keys th
 
 `device_mapping` accepts `list(range(0,8))`, `list(range(0,16,2))`, `[0,1,2,3]`, `0,1,2` or a YAML
 list of ints; it is parsed, never evaluated.
+
+GPU backends: the `strategy_config` of vllm, sglang and megatron_* is checked at load on any machine
+(tables below); other keys there are passed to the engine verbatim (vLLM `AsyncEngineArgs`, SGLang
+`ServerArgs`, megatron-core `TransformerConfig`) and checked against it when the worker starts, except
+a key close to a known one, which is an error. A DeepSpeed `strategy_config` is a DeepSpeed config.
+Batch sizes: one optimizer step takes `per_device_train_batch_size x gradient_accumulation_steps x
+world_size` rows with deepspeed_train, and the same divided by `tensor x pipeline x context parallel`
+with megatron_train (expert parallel does not divide it).
 
 Models: `model_name_or_path` (or `pretrain`) takes a local HF folder, a hub id, a `.gguf` file, or
 `pkg://PACKAGE/FILE` for a file shipped inside an installed Python package (the default model is

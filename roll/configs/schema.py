@@ -49,7 +49,6 @@ NO_EFFECT_YET = "accepted; no effect yet"
 PIPELINE = None  # wired: roll.agentic.pipeline
 WORKERS = None  # wired: roll.strategies / roll.workers / roll.distributed use these keys
 ALGOS = None  # wired: roll.agentic.advantage / roll.workers.actor_train
-GPU = "not yet wired (GPU backends, issue 8)"
 
 
 @dataclass

@@ -188,3 +188,17 @@ def test_sglang_plumbing() -> None:
     s.offload()
     s.load_weights([("a", torch.zeros(1))])
     assert engine.calls[-3:] == [("release",), ("resume",), ("update", 1, True)]
+
+
+@pytest.mark.parametrize("script", ["check_vllm.py", "check_sglang.py", "check_megatron.py"])
+def test_gpu_checks_stop_with_a_clear_message_without_cuda(script: str) -> None:
+    import subprocess
+    from pathlib import Path
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the check itself is what runs here")
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, str(root / "scripts/gpu" / script)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert "needs a CUDA GPU and this machine has none" in run.stderr
+    compile(Path(root / "scripts/gpu/_inference_check.py").read_text(), "_inference_check.py", "exec")

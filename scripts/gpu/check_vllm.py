@@ -1,0 +1,19 @@
+"""GPU check of the vllm strategy: generate, log-probs against hf_infer's math, weight sync, sleep/wake.
+
+Needs: a CUDA GPU, torch, transformers, tokenizers, and vllm (roll supports the range in
+roll.strategies.backends; without internet install its wheels: pip install --no-index --find-links WHEELS vllm).
+    python scripts/gpu/check_vllm.py
+Prints the figures as JSON (also to $OUT/vllm_check.json when OUT is set); exit 0 when every
+log-prob comparison is within the stated bf16 tolerance.
+"""
+
+from __future__ import annotations
+
+from _common import require, require_cuda
+
+if __name__ == "__main__":
+    require_cuda()
+    require("transformers", "tokenizers", "vllm")
+    from _inference_check import run
+
+    run("vllm", {"gpu_memory_utilization": 0.3, "block_size": 16, "max_model_len": 512, "enforce_eager": False})
