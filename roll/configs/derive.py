@@ -122,11 +122,8 @@ def _finalize_worker(cfg: schema.PipelineConfig, role: str, worker: schema.Worke
         raise ConfigError(f"{role}.data_args.messages", "conflicts with data_args.prompt; set only one of them")
 
     typed = parse_strategy_config(strategy, worker.strategy_args.strategy_config, f"{role}.strategy_args.strategy_config")
-    if strategy == "vllm":
-        # The engine's own parallel sizes decide how many devices one engine takes.
-        worker.num_gpus_per_worker = typed.tensor_parallel_size * typed.pipeline_parallel_size
-    elif strategy == "sglang":
-        worker.num_gpus_per_worker = typed.tensor_parallel_size
+    if strategy in ("vllm", "sglang"):
+        _engine_devices(role, worker, strategy)
     elif strategy not in INFERENCE_ENGINES and "." not in strategy:
         worker.num_gpus_per_worker = 1  # training ranks hold one device each (parallelism is inside the strategy)
     if worker.num_gpus_per_worker < 1:
@@ -152,6 +149,27 @@ def _finalize_worker(cfg: schema.PipelineConfig, role: str, worker: schema.Worke
     if isinstance(typed, MegatronConfig):
         check_megatron_world(typed, world, f"{role}.device_mapping")
     return worker
+
+
+_ENGINE_PARALLEL_KEYS = {"vllm": ("tensor_parallel_size", "pipeline_parallel_size"), "sglang": ("tensor_parallel_size", "tp_size")}
+
+
+def _engine_devices(role: str, worker: schema.WorkerConfig, strategy: str) -> None:
+    """Devices of one inference engine. ROLL's way: num_gpus_per_worker, which becomes the engine's
+    tensor parallel size. Set through strategy_config instead, the sizes there decide and a
+    num_gpus_per_worker other than 1 must agree with them."""
+    raw = dict(worker.strategy_args.strategy_config or {})
+    typed = parse_strategy_config(strategy, raw)
+    if not any(k in raw for k in _ENGINE_PARALLEL_KEYS[strategy]):
+        raw["tensor_parallel_size"] = worker.num_gpus_per_worker
+        worker.strategy_args = dataclasses.replace(worker.strategy_args, strategy_config=raw)
+        return
+    per_engine = typed.tensor_parallel_size * getattr(typed, "pipeline_parallel_size", 1)
+    if worker.num_gpus_per_worker not in (1, per_engine):
+        raise ConfigError(f"{role}.num_gpus_per_worker",
+                          f"is {worker.num_gpus_per_worker} but strategy_config gives {per_engine} devices per engine "
+                          "(tensor x pipeline parallel); set one of them")
+    worker.num_gpus_per_worker = per_engine
 
 
 def _check_strategy(role: str, strategy: str) -> None:

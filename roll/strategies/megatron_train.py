@@ -288,7 +288,7 @@ class MegatronTrainStrategy(TrainStrategy):
         iterators = [iter(micros) for _ in self.model] if len(self.model) > 1 else iter(micros)
         return get_forward_backward_func()(
             forward_step_func=step, data_iterator=iterators, model=self.model if len(self.model) > 1 else self.model[0],
-            num_microbatches=len(micros), seq_length=seq // self.mc.context_parallel_size,
+            num_microbatches=len(micros), seq_length=seq,  # the schedule divides by CP (and TP with SP)
             micro_batch_size=micros[0][1]["ids"].shape[0], forward_only=loss_fn is None)
 
     @torch.no_grad()
@@ -359,6 +359,9 @@ class MegatronTrainStrategy(TrainStrategy):
         Collective over the tensor and expert groups."""
         from megatron.core import parallel_state as ps
 
+        if self.trains and self.mc.overlap_param_gather:  # the last step's parameter all-gather may be pending
+            for m in self.model:
+                m.start_param_sync(force_sync=True)
         tp_group, ep_group = ps.get_tensor_model_parallel_group(), ps.get_expert_model_parallel_group()
         parts = []
         for v, chunk in enumerate(self._local_chunks()):
@@ -478,13 +481,18 @@ class MegatronTrainStrategy(TrainStrategy):
 
     # --- memory
     def offload(self) -> None:
-        for chunk in self._local_chunks():
-            chunk.to("cpu")
+        """megatron_infer moves its model to CPU. megatron_train keeps its state on the GPU: its
+        parameters are views into DDP's contiguous buffers, which a plain ``.to("cpu")`` would
+        detach from the optimizer; only the allocator cache is returned."""
+        if not self.trains:
+            for chunk in self._local_chunks():
+                chunk.to("cpu")
         torch.cuda.empty_cache()
 
     def reload(self) -> None:
-        for chunk in self._local_chunks():
-            chunk.to("cuda")
+        if not self.trains:
+            for chunk in self._local_chunks():
+                chunk.to("cuda")
 
 
 class MegatronInferStrategy(MegatronTrainStrategy):

@@ -165,3 +165,15 @@ def test_registry_reports_the_missing_gpu_on_this_machine() -> None:
     for name in ("vllm", "sglang", "megatron_train"):
         with pytest.raises(ConfigError, match="needs a CUDA GPU"):
             default_registry().resolve(name, "actor_infer")
+
+
+def test_engine_tensor_parallel_from_num_gpus_per_worker_as_in_roll() -> None:
+    from roll.configs.loading import load_config
+
+    cfg = load_config("agentic_sokoban_vllm_deepspeed", overrides=["actor_infer.num_gpus_per_worker=2"]).config
+    assert cfg.actor_infer.strategy_args.strategy_config["tensor_parallel_size"] == 2
+    assert cfg.actor_infer.world_size == 4  # 8 devices, 2 per engine
+    with pytest.raises(ConfigError) as e:
+        load_config("agentic_sokoban_vllm_deepspeed", overrides=[
+            "actor_infer.num_gpus_per_worker=4", "actor_infer.strategy_args.strategy_config.tensor_parallel_size=2"])
+    assert e.value.path == "actor_infer.num_gpus_per_worker" and "strategy_config gives 2 devices" in e.value.message
