@@ -128,7 +128,12 @@ def test_strategy_config_keys_reach_the_strategy(tmp_path, role, strategy):
         infer_config=sc if role == "actor_infer" else None,
     )
     cfg = _load(tmp_path, data)
-    assert getattr(cfg, role).strategy_args.strategy_config == sc
+    got = getattr(cfg, role).strategy_args.strategy_config
+    assert sc.items() <= got.items()
+    # engines get the tensor parallel size from num_gpus_per_worker, as in ROLL
+    assert set(got) - set(sc) <= ({"tensor_parallel_size"} if role == "actor_infer" else set())
+    if role == "actor_infer":
+        assert got["tensor_parallel_size"] == cfg.actor_infer.num_gpus_per_worker
 
 
 @pytest.mark.parametrize(
