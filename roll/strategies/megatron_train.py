@@ -86,9 +86,11 @@ class ValueOutput(torch.nn.Module):
 class MegatronTrainStrategy(TrainStrategy):
     trains = True
 
-    def __init__(self, worker_config: Any, context: StrategyContext | None = None) -> None:
+    def __init__(self, worker_config: Any, context: StrategyContext | None = None, device: str = "cuda") -> None:
         self.config = worker_config
         self.context = context or StrategyContext()
+        # "cpu" only serves the CPU test of this strategy's own logic (megatron-core itself targets CUDA)
+        self.device = torch.device(device)
         self.role = self.context.role
         self.name = worker_config.strategy_args.strategy_name
         self.where = f"{self.role}.strategy_args.strategy_config"
@@ -101,7 +103,8 @@ class MegatronTrainStrategy(TrainStrategy):
 
     # --- set-up
     def initialize(self) -> None:
-        check_backend(self.name, f"{self.role}.strategy_args.strategy_name")
+        if self.device.type == "cuda":
+            check_backend(self.name, f"{self.role}.strategy_args.strategy_name")
         from megatron.core import parallel_state as ps
         from megatron.core import tensor_parallel
         from transformers import AutoConfig
@@ -110,11 +113,16 @@ class MegatronTrainStrategy(TrainStrategy):
         from roll.strategies.megatron_model import build_gpt_model, layout_for, use_transformer_engine
 
         mc, margs = self.mc, self.config.model_args
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # Ray gives each rank one visible GPU
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # Ray gives each rank one visible GPU
         if not torch.distributed.is_initialized():
-            torch.distributed.init_process_group("nccl", rank=self.context.rank, world_size=self.context.world_size)
-        ps.initialize_model_parallel(**mc.parallel_sizes())
-        tensor_parallel.model_parallel_cuda_manual_seed(self.context.seed)
+            torch.distributed.init_process_group("nccl" if cuda else "gloo", rank=self.context.rank,
+                                                 world_size=self.context.world_size)
+        if not ps.model_parallel_is_initialized():  # one process may host several roles' models (tests, tools)
+            ps.initialize_model_parallel(**mc.parallel_sizes())
+        if cuda:
+            tensor_parallel.model_parallel_cuda_manual_seed(self.context.seed)
         torch.manual_seed(self.context.seed)
         self.model_path = ensure_hf_folder(margs.model_name_or_path, margs.gguf_file)
         self.hf_config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=margs.trust_remote_code)
@@ -130,7 +138,7 @@ class MegatronTrainStrategy(TrainStrategy):
             if self.is_critic and chunk.post_process:
                 chunk.share_embeddings_and_output_weights = False
                 chunk.output_layer = ValueOutput(hc.hidden_size, chunk.config.sequence_parallel, chunk.config.params_dtype)
-            self.model.append(chunk.cuda())
+            self.model.append(chunk.to(self.device))
         self._load_hf_weights()
         if self.trains:
             self._wrap_for_training()
@@ -231,7 +239,8 @@ class MegatronTrainStrategy(TrainStrategy):
             aligned, order = right_align(part["input_ids"], part["attention_mask"])
             ids = torch.nn.functional.pad(aligned, (0, max(0, seq - aligned.shape[1])))[:, :seq]
             labels = torch.nn.functional.pad(ids[:, 1:], (0, 1))
-            out.append((part.to("cuda"), {"ids": ids.cuda(), "labels": labels.cuda(), "order": order.cuda()}))
+            dev = self.device
+            out.append((part.to(dev), {"ids": ids.to(dev), "labels": labels.to(dev), "order": order.to(dev)}))
         return out, seq
 
     # --- forward
@@ -328,7 +337,7 @@ class MegatronTrainStrategy(TrainStrategy):
         for _ in range(epochs):
             for start in range(0, len(batch), mini):
                 mini_batch = batch.select(range(start, min(len(batch), start + mini)))
-                counts = global_counts(mini_batch[mask_key], torch.device("cuda"), ps.get_data_parallel_group(),
+                counts = global_counts(mini_batch[mask_key], self.device, ps.get_data_parallel_group(),
                                        self.dp_size)
                 for m in self.model:
                     m.zero_grad_buffer()
@@ -410,7 +419,7 @@ class MegatronTrainStrategy(TrainStrategy):
             for name in names:
                 tensor = mine.get(name) if pp_rank == stage else None
                 if pp > 1:
-                    tensor = _send_to_first_stage(tensor, stage, pp_rank, pp_group)
+                    tensor = _send_to_first_stage(tensor, stage, pp_rank, pp_group, self.device)
                 if not first or tensor is None:
                     continue
                 if bucket and size + tensor.numel() * tensor.element_size() > bucket_bytes:
@@ -447,7 +456,7 @@ class MegatronTrainStrategy(TrainStrategy):
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "steps": self.steps,
             "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all()},
+                    "cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None},
         }
         torch.save(state, os.path.join(folder, f"rank_{rank:05d}.pt"))
         if self.optimizer is not None and self.mc.use_distributed_optimizer:
@@ -473,7 +482,8 @@ class MegatronTrainStrategy(TrainStrategy):
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])
         torch.set_rng_state(rng["torch"])
-        torch.cuda.set_rng_state_all(rng["cuda"])
+        if rng["cuda"] is not None:
+            torch.cuda.set_rng_state_all(rng["cuda"])
 
     def _mp_id(self) -> str:
         r = self.rank_position()
@@ -487,12 +497,13 @@ class MegatronTrainStrategy(TrainStrategy):
         if not self.trains:
             for chunk in self._local_chunks():
                 chunk.to("cpu")
-        torch.cuda.empty_cache()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def reload(self) -> None:
         if not self.trains:
             for chunk in self._local_chunks():
-                chunk.to("cuda")
+                chunk.to(self.device)
 
 
 class MegatronInferStrategy(MegatronTrainStrategy):
@@ -533,16 +544,16 @@ def _broadcast_object(obj: Any, src_local: int, group: Any) -> Any:
     return box[0]
 
 
-def _send_to_first_stage(tensor: torch.Tensor | None, stage: int, pp_rank: int, group: Any) -> Any:
+def _send_to_first_stage(tensor: torch.Tensor | None, stage: int, pp_rank: int, group: Any, device: torch.device) -> Any:
     """Move one HF tensor of pipeline stage ``stage`` to stage 0 (where global rank 0 lives)."""
     if stage == 0:
         return tensor if pp_rank == 0 else None
     meta = _broadcast_object((tuple(tensor.shape), tensor.dtype) if pp_rank == stage else None, stage, group)
     if pp_rank == stage:
-        torch.distributed.send(tensor.cuda(), torch.distributed.get_global_rank(group, 0), group=group)
+        torch.distributed.send(tensor.to(device), torch.distributed.get_global_rank(group, 0), group=group)
         return None
     if pp_rank == 0:
-        buf = torch.empty(meta[0], dtype=meta[1], device="cuda")
+        buf = torch.empty(meta[0], dtype=meta[1], device=device)
         torch.distributed.recv(buf, torch.distributed.get_global_rank(group, stage), group=group)
         return buf.cpu()
     return None
