@@ -62,6 +62,7 @@ def transformer_config_kwargs(hf_config: Any, mc: MegatronConfig, dtype: str | N
         bf16=dtype == "bf16",
         fp16=dtype == "fp16",
         params_dtype=DTYPES[dtype],
+        pipeline_dtype=DTYPES[dtype],  # activations sent between pipeline stages
         **mc.parallel_sizes(),
         # megatron-core refuses sequence parallel at TP 1, where it means nothing
         sequence_parallel=mc.sequence_parallel and mc.tensor_model_parallel_size > 1,

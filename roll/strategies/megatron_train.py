@@ -233,6 +233,11 @@ class MegatronTrainStrategy(TrainStrategy):
         multiple = (mc.tensor_model_parallel_size if mc.sequence_parallel and mc.tensor_model_parallel_size > 1 else 1)
         multiple = multiple * (2 * mc.context_parallel_size if mc.context_parallel_size > 1 else 1)
         seq = round_up(max(int(lengths.max()), 2), multiple)
+        short = -len(batch) % micro
+        if short:  # pipeline schedules need equal micro-batches: fill with fully masked copies (no loss, dropped)
+            filler = batch.select([len(batch) - 1] * short)
+            filler.tensors.update({k: torch.zeros_like(v) for k, v in filler.tensors.items() if k.endswith("mask")})
+            batch = Batch.concat([batch, filler])
         out = []
         for start in range(0, len(batch), micro):
             part = batch.select(range(start, min(len(batch), start + micro)))
@@ -308,7 +313,7 @@ class MegatronTrainStrategy(TrainStrategy):
         results = self._run(micros, seq, None, None, field)
         if not results:  # not the last pipeline stage: the collecting rank answers
             return torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
-        return torch.cat([r["result"].float().cpu() for r in results])
+        return torch.cat([r["result"].float().cpu() for r in results])[: len(batch)]
 
     def compute_log_probs(self, batch: Batch) -> torch.Tensor:
         if self.is_critic:
@@ -383,7 +388,8 @@ class MegatronTrainStrategy(TrainStrategy):
                 gathered = [g for d in gathered for g in _all_gather_dicts(d, ep_group)]
                 positions = [p for q in positions for p in _all_gather_objects(q, ep_group)]
             parts += list(zip(positions, gathered))
-        full = merge([(p, {k: t.cpu() for k, t in d.items()}) for p, d in parts], self.layout)
+        # a snapshot, never views of live parameters (on CPU .cpu() would alias them)
+        full = merge([(p, {k: t.to("cpu", copy=True) for k, t in d.items()}) for p, d in parts], self.layout)
         return megatron_to_hf(full, self.layout)
 
     def weight_sizes(self) -> list[tuple[str, int]]:

@@ -1,14 +1,12 @@
 """Run as a script: load HF weights converted by roll into megatron-core's own GPTModel (built by
 roll's megatron_train model builder, local layers) and print the largest logit difference to HF.
 
-megatron-core assumes CUDA in three places that a forward pass touches (the rotary cache device,
-the dropout RNG tracker, the router GEMM's optional Transformer Engine import); this CPU-only
-check replaces exactly those, and nothing that computes the result.
+megatron-core assumes CUDA in a few places; tests/strategies/megatron_cpu.py says what this CPU-only
+check replaces (nothing that computes the result).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -19,13 +17,11 @@ import torch
 def main(kinds: list[str]) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29541"), RANK="0", WORLD_SIZE="1")
     torch.distributed.init_process_group("gloo")
-    torch.cuda.current_device = lambda: "cpu"
-    import megatron.core.transformer.moe.moe_utils as moe_utils
     from megatron.core import parallel_state
-    from megatron.core.tensor_parallel import random as mrandom
 
-    moe_utils.te_general_gemm = None
-    mrandom.CudaRNGStatesTracker.fork = lambda self, name=None: contextlib.nullcontext()
+    from tests.strategies.megatron_cpu import patch_megatron_for_cpu
+
+    patch_megatron_for_cpu()
     parallel_state.initialize_model_parallel(1, 1)
 
     from roll.configs.strategy_configs import MegatronConfig

@@ -25,7 +25,7 @@ CUDA_MODULES = (
     "megatron.core.optimizer.optimizer", "megatron.core.optimizer.distrib_optimizer", "megatron.core.optimizer.clip_grads",
     "megatron.core.distributed.param_and_grad_buffer", "megatron.core.distributed.distributed_data_parallel",
     "megatron.core.distributed.finalize_model_grads", "megatron.core.pipeline_parallel.schedules",
-    "megatron.core.transformer.utils", "megatron.core.utils",
+    "megatron.core.transformer.utils", "megatron.core.utils", "megatron.core.pipeline_parallel.p2p_communication",
 )
 FACTORIES = ("tensor", "empty", "zeros", "ones", "full", "arange")
 
@@ -48,6 +48,8 @@ class _CpuTorch(types.ModuleType):
 
 def patch_megatron_for_cpu() -> None:
     torch.cuda.current_device = lambda: "cpu"
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # tied embeddings' first/last stage sync at build
+    torch.cuda.synchronize = lambda *args, **kwargs: None  # after pipeline sends (gloo's are synchronous)
     import megatron.core.transformer.moe.moe_utils as moe_utils
     from megatron.core.tensor_parallel import random as mrandom
 

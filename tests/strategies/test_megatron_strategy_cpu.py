@@ -49,3 +49,28 @@ def test_megatron_checkpoint_and_critic(figures: dict) -> None:
     assert figures["critic_initial_values_zero"]
     assert figures["critic_moved_by_training"] > 0.1
     assert figures["critic_trained_max_abs_vs_deepspeed"] < 1e-4
+
+
+@pytest.fixture(scope="module")
+def parallel_figures() -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    run = subprocess.run([sys.executable, "-m", "tests.strategies.megatron_cpu_parallel"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stderr[-4000:]
+    rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    return {r["layout"]: r for r in rows}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout, info", [
+    ("tp2", [[0, 1, True], [0, 1, False]]),  # one replica; tensor rank 0 answers
+    ("pp2", [[0, 1, False], [0, 1, True]]),  # one replica; the last stage answers
+    ("dp2", [[0, 2, True], [1, 2, True]]),  # two replicas, each answers for its rows
+])
+def test_two_rank_layouts_equal_one_rank(parallel_figures: dict, layout: str, info: list) -> None:
+    f = parallel_figures[layout]
+    assert f["data_parallel_info"] == info
+    assert f["logprob_max_abs_vs_hf"] < 1e-4  # vocab-parallel log-probs (tp2), stage hand-off (pp2)
+    assert f["sync_exact"]  # shards gathered (tp2) / stages sent to rank 0 (pp2) give the HF weights back
+    assert f["moved_by_training"] > 0.1
+    assert f["trained_max_abs_vs_deepspeed"] < 1e-4  # the same update as one deepspeed rank on the whole batch

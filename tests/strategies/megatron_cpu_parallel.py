@@ -1,0 +1,121 @@
+"""Run as a script: megatron_train with 2 ranks on CPU (gloo) in three layouts, tensor parallel 2,
+pipeline parallel 2 and data parallel 2, each against deepspeed_train with one rank on the whole
+batch. Prints one JSON line of figures per layout. See megatron_cpu.py for what is patched."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+
+LAYOUTS = {
+    "tp2": {"tensor_model_parallel_size": 2},
+    "pp2": {"pipeline_model_parallel_size": 2},
+    "dp2": {},
+}
+
+
+def _batch():
+    from tests.strategies.helpers import fixed_batch
+
+    b = fixed_batch(rows=4, length=12)
+    b.tensors["attention_mask"][2, :2] = 0  # one left-padded row
+    b.tensors["response_mask"] = b["response_mask"] * b["attention_mask"]
+    return b
+
+
+def _worker(rank: int, port: int, path: str, layout: dict, ref: np.ndarray, queue: mp.Queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0")
+    from tests.strategies.megatron_cpu import patch_megatron_for_cpu
+
+    patch_megatron_for_cpu()
+    from roll.strategies.base import StrategyContext
+    from roll.strategies.megatron_train import MegatronTrainStrategy
+    from tests.strategies.helpers import ppo_loss_fn, with_old_logprobs, worker_config
+
+    cfg = worker_config(path, "megatron_train", lr=1e-2, micro=1, gas=2)
+    cfg.strategy_args.strategy_config = {**layout, "make_vocab_size_divisible_by": 8, "use_distributed_optimizer": False}
+    ctx = StrategyContext(role="actor_train", rank=rank, world_size=2, seed=0, max_grad_norm=0.0, total_steps=10)
+    s = MegatronTrainStrategy(cfg, ctx, device="cpu")
+    s.initialize()
+    batch = _batch()
+    info = s.data_parallel_info()
+    lp = s.compute_log_probs(batch)
+    synced = {n: t.numpy() for bucket in s.weight_buckets(1 << 16) for n, t in bucket}
+    train = with_old_logprobs(batch, torch.from_numpy(ref))
+    dp_rank, dp_size, _ = info
+    if dp_size > 1:  # as Cluster.dispatch does: each data-parallel rank trains on its part
+        train = train.split(dp_size)[dp_rank]
+    s.train_step(train, ppo_loss_fn)
+    after = s.compute_log_probs(batch)
+    queue.put((rank, info, lp.numpy(), after.numpy(), synced))
+    torch.distributed.barrier()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main() -> None:
+    from roll.models.loading import load_causal_lm
+    from roll.models.logprobs import forward_logprobs
+    from roll.models.tiny import build_tiny_model
+    from roll.strategies.base import StrategyContext
+    from roll.strategies.deepspeed_train import DeepSpeedTrainStrategy
+    from tests.strategies.helpers import ppo_loss_fn, with_old_logprobs, worker_config
+
+    path = str(build_tiny_model(Path(tempfile.mkdtemp()) / "tiny"))
+    batch = _batch()
+    dcfg = worker_config(path, "deepspeed_train", lr=1e-2, micro=1, gas=2)
+    hf = load_causal_lm(dcfg.model_args).eval()
+    ref = forward_logprobs(hf, batch["input_ids"], batch["attention_mask"])
+    hf_state = {k: v for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    # the one-rank reference step: micro 1 x grad_accum 2 on 4 rows = 2 optimizer steps; with 2
+    # data-parallel ranks each takes 2 rows per step, so the reference step takes all 4 at once
+    refs = {}
+    for gas in (2, 4):
+        ds = DeepSpeedTrainStrategy(worker_config(path, "deepspeed_train", lr=1e-2, micro=1, gas=gas),
+                                    StrategyContext(role="actor_train", seed=0, max_grad_norm=0.0, total_steps=10))
+        ds.initialize()
+        ds.train_step(with_old_logprobs(batch, ref), ppo_loss_fn)
+        refs[gas] = ds.compute_log_probs(batch)
+    attended = batch["attention_mask"].bool().clone()
+    attended[:, 0] = False
+    attended[2, 2] = False
+    ctx = mp.get_context("spawn")
+    for name, layout in LAYOUTS.items():
+        queue = ctx.Queue()
+        port = _free_port()
+        procs = [ctx.Process(target=_worker, args=(r, port, path, layout, ref.numpy(), queue)) for r in range(2)]
+        for p in procs:
+            p.start()
+        results = sorted((queue.get(timeout=600) for _ in procs), key=lambda r: r[0])
+        for p in procs:
+            p.join(timeout=120)
+        collectors = [r for r in results if r[1][2]]
+        expected = refs[4] if name == "dp2" else refs[2]
+        figures = {
+            "layout": name,
+            "data_parallel_info": [list(r[1]) for r in results],
+            "logprob_max_abs_vs_hf": max(float((torch.from_numpy(r[2]) - ref)[attended].abs().max()) for r in collectors),
+            "sync_exact": bool(results[0][4].keys() == hf_state.keys() and all(
+                np.array_equal(results[0][4][k], v.numpy()) for k, v in hf_state.items())),
+            "trained_max_abs_vs_deepspeed": max(float((torch.from_numpy(r[3]) - expected)[attended].abs().max())
+                                                for r in collectors),
+            "moved_by_training": float((expected - ref)[attended].abs().max()),
+        }
+        print(json.dumps(figures), flush=True)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    main()
