@@ -1,5 +1,5 @@
-"""Run as a script: megatron_train with 2 ranks on CPU (gloo) in three layouts, tensor parallel 2,
-pipeline parallel 2 and data parallel 2, each against deepspeed_train with one rank on the whole
+"""Run as a script: megatron_train with 2 ranks on CPU (gloo) in four layouts, tensor parallel 2,
+pipeline parallel 2 (also with 2 virtual stages each) and data parallel 2, each against deepspeed_train with one rank on the whole
 batch. Prints one JSON line of figures per layout. See megatron_cpu.py for what is patched."""
 
 from __future__ import annotations
@@ -15,9 +15,14 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
+# Adam's first step is lr x g / (|g| + eps): with a tiny eps, gradients near 0 flip between +-lr on
+# summation-order noise (two half-batch sums vs one); a larger eps keeps the comparison about the math.
+ADAM_EPS = 1e-4
+
 LAYOUTS = {
     "tp2": {"tensor_model_parallel_size": 2},
     "pp2": {"pipeline_model_parallel_size": 2},
+    "pp2vpp2": {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2},
     "dp2": {},
 }
 
@@ -41,6 +46,7 @@ def _worker(rank: int, port: int, path: str, layout: dict, ref: np.ndarray, queu
     from tests.strategies.helpers import ppo_loss_fn, with_old_logprobs, worker_config
 
     cfg = worker_config(path, "megatron_train", lr=1e-2, micro=1, gas=2)
+    cfg.training_args.adam_epsilon = ADAM_EPS
     cfg.strategy_args.strategy_config = {**layout, "make_vocab_size_divisible_by": 8, "use_distributed_optimizer": False}
     ctx = StrategyContext(role="actor_train", rank=rank, world_size=2, seed=0, max_grad_norm=0.0, total_steps=10)
     s = MegatronTrainStrategy(cfg, ctx, device="cpu")
@@ -73,7 +79,7 @@ def main() -> None:
     from roll.strategies.deepspeed_train import DeepSpeedTrainStrategy
     from tests.strategies.helpers import ppo_loss_fn, with_old_logprobs, worker_config
 
-    path = str(build_tiny_model(Path(tempfile.mkdtemp()) / "tiny"))
+    path = str(build_tiny_model(Path(tempfile.mkdtemp()) / "tiny", num_layers=4))  # 4: two stages x two chunks
     batch = _batch()
     dcfg = worker_config(path, "deepspeed_train", lr=1e-2, micro=1, gas=2)
     hf = load_causal_lm(dcfg.model_args).eval()
@@ -83,8 +89,9 @@ def main() -> None:
     # data-parallel ranks each takes 2 rows per step, so the reference step takes all 4 at once
     refs = {}
     for gas in (2, 4):
-        ds = DeepSpeedTrainStrategy(worker_config(path, "deepspeed_train", lr=1e-2, micro=1, gas=gas),
-                                    StrategyContext(role="actor_train", seed=0, max_grad_norm=0.0, total_steps=10))
+        dcfg = worker_config(path, "deepspeed_train", lr=1e-2, micro=1, gas=gas)
+        dcfg.training_args.adam_epsilon = ADAM_EPS
+        ds = DeepSpeedTrainStrategy(dcfg, StrategyContext(role="actor_train", seed=0, max_grad_norm=0.0, total_steps=10))
         ds.initialize()
         ds.train_step(with_old_logprobs(batch, ref), ppo_loss_fn)
         refs[gas] = ds.compute_log_probs(batch)

@@ -65,6 +65,7 @@ def parallel_figures() -> dict:
 @pytest.mark.parametrize("layout, info", [
     ("tp2", [[0, 1, True], [0, 1, False]]),  # one replica; tensor rank 0 answers
     ("pp2", [[0, 1, False], [0, 1, True]]),  # one replica; the last stage answers
+    ("pp2vpp2", [[0, 1, False], [0, 1, True]]),  # interleaved schedule over two chunks per stage
     ("dp2", [[0, 2, True], [1, 2, True]]),  # two replicas, each answers for its rows
 ])
 def test_two_rank_layouts_equal_one_rank(parallel_figures: dict, layout: str, info: list) -> None:
