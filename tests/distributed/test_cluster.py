@@ -106,3 +106,42 @@ def test_two_data_parallel_workers_equal_one_worker(resources, tiny_model_path):
     assert all(torch.equal(rank0[n], rank1[n]) for n in rank0)  # data-parallel replicas stay identical
     single.shutdown()
     double.shutdown()
+
+
+class _TensorParallelPair:
+    """Two ranks of one model replica (as megatron with TP 2 reports itself): both get the same rows,
+    rank 0 answers."""
+
+    def __init__(self, role, rank, world_size, worker_config, settings):
+        self.rank = rank
+        self.seen = 0
+
+    def master_address(self):
+        return "127.0.0.1", 0
+
+    def setup_distributed(self, addr, port):
+        pass
+
+    def data_parallel_info(self):
+        return 0, 1, self.rank == 0
+
+    def tag(self, batch):
+        from roll.distributed.batch import Batch
+
+        self.seen = len(batch)
+        return Batch({"rank": torch.full((len(batch),), self.rank), "ids": batch["input_ids"][:, 0]})
+
+    def rows_seen(self):
+        return self.seen
+
+
+def test_dispatch_sends_a_replica_the_same_rows_and_keeps_one_answer(resources):
+    cfg = worker_config("unused")
+    cfg.device_mapping = [0, 1]
+    c = Cluster("actor_train", _TensorParallelPair, cfg, resources, {"threads_per_worker": 1}, rpc_timeout=60)
+    batch = fixed_batch(rows=4)
+    out = c.dispatch("tag", batch)
+    assert out["rank"].tolist() == [0, 0, 0, 0]  # the answering rank's rows only
+    assert out["ids"].tolist() == batch["input_ids"][:, 0].tolist()  # in the original order
+    assert c.call("rows_seen") == [4, 4]  # both tensor-parallel ranks computed on all rows
+    c.shutdown()
