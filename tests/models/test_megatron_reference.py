@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.strategies.helpers import subprocess_env
 
 pytest.importorskip("megatron.core", reason="megatron-core is in roll's dev extra")
 
@@ -19,8 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_converted_weights_give_hf_logits_in_megatron_core_gpt_model() -> None:
     kinds = ["llama", "qwen2", "qwen3", "qwen2_moe"]
     # its own process: megatron-core's parallel state is global
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p), "MASTER_PORT": str(29500 + os.getpid() % 1000)}
-    run = subprocess.run([sys.executable, "-m", "tests.models.megatron_reference", *kinds], cwd=ROOT, env=env,
+    run = subprocess.run([sys.executable, "-m", "tests.models.megatron_reference", *kinds], cwd=ROOT, env=subprocess_env(ROOT),
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])

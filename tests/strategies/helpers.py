@@ -40,3 +40,16 @@ def with_old_logprobs(batch, logprobs):
     b = copy.copy(batch)
     b.tensors = dict(batch.tensors, old_logprobs=logprobs)
     return b
+
+
+def subprocess_env(root) -> dict:
+    """Environment for a check run in its own process: the repo importable, and a free MASTER_PORT
+    (a DeepSpeed test in this process may hold the inherited one)."""
+    import os
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, "MASTER_PORT": str(port)}

@@ -79,6 +79,7 @@ def main() -> None:
     from roll.strategies.deepspeed_train import DeepSpeedTrainStrategy
     from tests.strategies.helpers import ppo_loss_fn, with_old_logprobs, worker_config
 
+    os.environ["MASTER_PORT"] = str(_free_port())  # the one-rank DeepSpeed reference's own process group
     path = str(build_tiny_model(Path(tempfile.mkdtemp()) / "tiny", num_layers=4))  # 4: two stages x two chunks
     batch = _batch()
     dcfg = worker_config(path, "deepspeed_train", lr=1e-2, micro=1, gas=2)

@@ -5,12 +5,13 @@ since megatron-core's parallel state is global)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.strategies.helpers import subprocess_env
 
 pytest.importorskip("megatron.core", reason="megatron-core is in roll's dev extra")
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,9 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def figures() -> dict:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-           "MASTER_PORT": str(29700 + os.getpid() % 200)}
-    run = subprocess.run([sys.executable, "-m", "tests.strategies.megatron_cpu"], cwd=ROOT, env=env,
+    run = subprocess.run([sys.executable, "-m", "tests.strategies.megatron_cpu"], cwd=ROOT, env=subprocess_env(ROOT),
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
@@ -53,8 +52,7 @@ def test_megatron_checkpoint_and_critic(figures: dict) -> None:
 
 @pytest.fixture(scope="module")
 def parallel_figures() -> dict:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    run = subprocess.run([sys.executable, "-m", "tests.strategies.megatron_cpu_parallel"], cwd=ROOT, env=env,
+    run = subprocess.run([sys.executable, "-m", "tests.strategies.megatron_cpu_parallel"], cwd=ROOT, env=subprocess_env(ROOT),
                          capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stderr[-4000:]
     rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
