@@ -55,7 +55,15 @@ def worker_config(path: str, strategy: str, strategy_config: dict | None, dtype:
     )
 
 
+def vocab_size(path: str) -> int:
+    """The model's real vocabulary (a locally trained tokenizer may stop short of the size asked for)."""
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(path).vocab_size)
+
+
 def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """Token ids in [10, vocab): past the special tokens."""
     import torch
 
     g = torch.Generator().manual_seed(seed)

@@ -22,6 +22,7 @@ from _common import (
     hf_logprobs,
     random_prompts,
     tiny_model,
+    vocab_size,
     within,
 )
 from _common import worker_config as make_config
@@ -45,7 +46,7 @@ def run(strategy_name: str, strategy_config: dict) -> None:
         strategy.initialize()
     results["engine_start_s"] = c.seconds
 
-    prompts = random_prompts(64, 32, 2000)
+    prompts = random_prompts(64, 32, vocab_size(path))
     params = SamplingParams(max_new_tokens=64, temperature=1.0, seed=7)
     strategy.generate(prompts[:4], params)  # warm-up (CUDA graphs, compilation)
     with Clock() as c:

@@ -29,6 +29,7 @@ from _common import (
     require,
     require_cuda,
     tiny_model,
+    vocab_size,
     within,
 )
 from _common import worker_config as make_config
@@ -61,7 +62,7 @@ def main(args: dict[str, int]) -> None:
         strategy.initialize()
     results["init_s"] = c.seconds
 
-    sequences = [p + q for p, q in zip(random_prompts(8, 48, 2000, seed=1), random_prompts(8, 16, 2000, seed=2))]
+    sequences = [p + q for p, q in zip(random_prompts(8, 48, vocab_size(path), seed=1), random_prompts(8, 16, vocab_size(path), seed=2))]
     ids = torch.tensor(sequences)
     mask = torch.ones_like(ids)
     response = torch.zeros_like(ids)
