@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 from roll.configs import schema
 from roll.configs.device_mapping import parse_device_mapping
@@ -123,7 +124,7 @@ def _finalize_worker(cfg: schema.PipelineConfig, role: str, worker: schema.Worke
 
     typed = parse_strategy_config(strategy, worker.strategy_args.strategy_config, f"{role}.strategy_args.strategy_config")
     if strategy in ("vllm", "sglang"):
-        _engine_devices(role, worker, strategy)
+        _engine_devices(role, worker, strategy, typed)
     elif strategy not in INFERENCE_ENGINES and "." not in strategy:
         worker.num_gpus_per_worker = 1  # training ranks hold one device each (parallelism is inside the strategy)
     if worker.num_gpus_per_worker < 1:
@@ -154,12 +155,11 @@ def _finalize_worker(cfg: schema.PipelineConfig, role: str, worker: schema.Worke
 _ENGINE_PARALLEL_KEYS = {"vllm": ("tensor_parallel_size", "pipeline_parallel_size"), "sglang": ("tensor_parallel_size", "tp_size")}
 
 
-def _engine_devices(role: str, worker: schema.WorkerConfig, strategy: str) -> None:
+def _engine_devices(role: str, worker: schema.WorkerConfig, strategy: str, typed: Any) -> None:
     """Devices of one inference engine. ROLL's way: num_gpus_per_worker, which becomes the engine's
     tensor parallel size. Set through strategy_config instead, the sizes there decide and a
     num_gpus_per_worker other than 1 must agree with them."""
     raw = dict(worker.strategy_args.strategy_config or {})
-    typed = parse_strategy_config(strategy, raw)
     if not any(k in raw for k in _ENGINE_PARALLEL_KEYS[strategy]):
         raw["tensor_parallel_size"] = worker.num_gpus_per_worker
         worker.strategy_args = dataclasses.replace(worker.strategy_args, strategy_config=raw)

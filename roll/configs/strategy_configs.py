@@ -12,7 +12,6 @@ DeepSpeed's ``strategy_config`` is a DeepSpeed JSON config and is checked by Dee
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -217,10 +216,3 @@ def megatron_global_batch(per_device: int, grad_accum: int, world_size: int, c: 
     """Sequences per optimizer step, as ROLL's guide states it: per_device x grad_accum x world /
     (TP x PP x CP); expert parallelism does not divide it (experts share the data-parallel batch)."""
     return per_device * grad_accum * world_size // c.model_parallel_size
-
-
-def one_step_grad_accum(train_batch: int, per_device: int, world_size: int, c: MegatronConfig | None = None) -> int:
-    """gradient_accumulation_steps that makes one optimizer step per rollout batch (the guide's formula)."""
-    model_parallel = c.model_parallel_size if c is not None else 1
-    value = train_batch * model_parallel / (per_device * world_size)
-    return max(1, math.ceil(value))

@@ -11,7 +11,7 @@ import importlib.metadata
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from roll.configs.errors import ConfigError
+from roll.configs.errors import ConfigError, nearest
 
 
 @dataclass(frozen=True)
@@ -19,17 +19,15 @@ class Backend:
     distribution: str  # the name pip installs
     supported: str  # PEP 440 specifier
     extra: str  # the roll extra that installs it
-    why: str = ""  # what in the API needs the lower bound
 
 
 BACKENDS: dict[str, Backend] = {
-    "vllm": Backend("vllm", ">=0.10.2,<0.34", "vllm",
-                    "AsyncLLM sleep/wake_up(tags), collective_rpc, worker_extension_cls, logprobs_mode"),
-    "sglang": Backend("sglang", ">=0.5.2,<0.6", "sglang",
-                      "Engine.release/resume_memory_occupation(tags), update_weights_from_tensor, "
-                      "SGLANG_RETURN_ORIGINAL_LOGPROB"),
-    "megatron_train": Backend("megatron-core", ">=0.16,<0.20", "megatron",
-                              "initialize_model_parallel(expert_tensor_parallel_size), get_megatron_optimizer"),
+    # lower bound: AsyncLLM sleep/wake_up(tags), collective_rpc, worker_extension_cls, logprobs_mode
+    "vllm": Backend("vllm", ">=0.10.2,<0.34", "vllm"),
+    # lower bound: release/resume_memory_occupation(tags), update_weights_from_tensor, SGLANG_RETURN_ORIGINAL_LOGPROB
+    "sglang": Backend("sglang", ">=0.5.2,<0.6", "sglang"),
+    # read in 0.16.1 and 0.19.2: initialize_model_parallel(expert_tensor_parallel_size), get_megatron_optimizer
+    "megatron_train": Backend("megatron-core", ">=0.16,<0.20", "megatron"),
 }
 BACKENDS["megatron_infer"] = BACKENDS["megatron_train"]
 
@@ -75,3 +73,12 @@ def check_backend(
     if not ok:
         raise ConfigError(where, f"strategy {strategy!r}: {backend.distribution} {version} is installed, but roll "
                                  f"supports {backend.distribution}{backend.supported} ({install})")
+
+
+def check_passthrough(extra: dict, known: set[str], path: str) -> None:
+    """strategy_config keys passed to an engine verbatim must be arguments the installed engine has."""
+    for key in extra:
+        if key not in known:
+            hint = nearest(key, known)
+            raise ConfigError(f"{path}.{key}", "is not an argument of the installed engine"
+                                               + (f"; did you mean {hint!r}?" if hint else ""))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,6 +87,43 @@ class ForwardOutput:
                 assert self.logits is not None, "entropy needs logits"
                 self._entropy = shifted_entropy(self.logits)
         return self._entropy
+
+
+def mini_batches(batch: Batch, training_args: Any, epochs: int) -> Iterator[Batch]:
+    """``epochs`` passes over ``batch`` in mini-batches of per_device x grad_accum rows (one optimizer
+    step each; the last may be smaller)."""
+    mini = training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps
+    for _ in range(epochs):
+        for start in range(0, len(batch), mini):
+            yield batch.select(range(start, min(len(batch), start + mini)))
+
+
+def loss_mask_key(batch: Batch) -> str:
+    """The mask the loss counts tokens with: the response tokens when the batch has them."""
+    return "response_mask" if "response_mask" in batch else "attention_mask"
+
+
+@dataclass
+class StepStats:
+    """What a train_step reports: loss metrics averaged over micro-batches, grad norm averaged over
+    optimizer steps (steps that reported none are left out), the lr and the number of steps."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    micro_batches: int = 0
+    grad_norms: list[float] = field(default_factory=list)
+
+    def add_micro(self, metrics: dict[str, Any]) -> None:
+        for k, v in metrics.items():
+            self.sums[k] = self.sums.get(k, 0.0) + float(v)
+        self.micro_batches += 1
+
+    def summary(self, prefix: str, lr: float) -> dict[str, float]:
+        out = {k: v / max(self.micro_batches, 1) for k, v in self.sums.items()}
+        reported = [n for n in self.grad_norms if not math.isnan(n)]
+        out[f"{prefix}/grad_norm"] = sum(reported) / len(reported) if reported else (float("nan") if self.grad_norms else 0.0)
+        out[f"{prefix}/lr"] = float(lr)
+        out[f"{prefix}/optimizer_steps"] = float(len(self.grad_norms))
+        return out
 
 
 def global_counts(mask: torch.Tensor, device: torch.device, group: Any = None, world_size: int = 1) -> Any:

@@ -31,9 +31,12 @@ from roll.strategies.base import (
     ForwardOutput,
     LossFn,
     NamedTensors,
+    StepStats,
     StrategyContext,
     TrainStrategy,
     global_counts,
+    loss_mask_key,
+    mini_batches,
 )
 
 log = logging.getLogger(__name__)
@@ -167,38 +170,25 @@ class DeepSpeedTrainStrategy(TrainStrategy):
     def train_step(self, batch: Batch, loss_fn: LossFn, epochs: int = 1) -> dict[str, float]:
         """``epochs`` passes over ``batch`` in mini-batches of per_device x grad_accum rows, one
         optimizer step per mini-batch. Returns metrics averaged over micro-batches."""
-        ta = self.config.training_args
-        micro, mini = ta.per_device_train_batch_size, ta.per_device_train_batch_size * ta.gradient_accumulation_steps
+        micro = self.config.training_args.per_device_train_batch_size
         self.engine.train()
-        sums: dict[str, float] = {}
-        grad_norms: list[float] = []
-        n_micro = 0
-        mask_key = "response_mask" if "response_mask" in batch else "attention_mask"
-        for _ in range(epochs):
-            for start in range(0, len(batch), mini):
-                mini_batch = batch.select(range(start, min(len(batch), start + mini)))
-                counts = global_counts(mini_batch[mask_key], self.device, world_size=self.world_size)
-                parts = list(range(0, len(mini_batch), micro))
-                for j, m_start in enumerate(parts):
-                    micro_batch = mini_batch.select(range(m_start, min(len(mini_batch), m_start + micro))).to(self.device)
-                    out = self._forward(micro_batch, grad=True)
-                    loss, metrics = loss_fn(micro_batch, out, counts)
-                    self.engine.set_gradient_accumulation_boundary(j == len(parts) - 1)
-                    self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
-                    for k, v in metrics.items():
-                        sums[k] = sums.get(k, 0.0) + float(v)
-                    n_micro += 1
-                before = self._grad_norm_before_step()
-                self.engine.step()
-                norm = before if before is not None else self.engine.get_global_grad_norm()
-                grad_norms.append(float(norm) if norm is not None else float("nan"))
-        prefix = "critic" if self.is_critic else "actor"
-        result = {k: v / max(n_micro, 1) for k, v in sums.items()}
-        result[f"{prefix}/grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
-        n_steps = len(grad_norms)
-        result[f"{prefix}/lr"] = float(self.scheduler.get_last_lr()[0])
-        result[f"{prefix}/optimizer_steps"] = float(n_steps)
-        return result
+        stats = StepStats()
+        mask_key = loss_mask_key(batch)
+        for mini_batch in mini_batches(batch, self.config.training_args, epochs):
+            counts = global_counts(mini_batch[mask_key], self.device, world_size=self.world_size)
+            parts = list(range(0, len(mini_batch), micro))
+            for j, m_start in enumerate(parts):
+                micro_batch = mini_batch.select(range(m_start, min(len(mini_batch), m_start + micro))).to(self.device)
+                out = self._forward(micro_batch, grad=True)
+                loss, metrics = loss_fn(micro_batch, out, counts)
+                self.engine.set_gradient_accumulation_boundary(j == len(parts) - 1)
+                self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
+                stats.add_micro(metrics)
+            before = self._grad_norm_before_step()
+            self.engine.step()
+            norm = before if before is not None else self.engine.get_global_grad_norm()
+            stats.grad_norms.append(float(norm) if norm is not None else float("nan"))
+        return stats.summary("critic" if self.is_critic else "actor", self.scheduler.get_last_lr()[0])
 
     def _grad_norm_before_step(self) -> float | None:
         """Without ZeRO, DeepSpeed does not report the norm: take it from the gradients (before clipping)."""

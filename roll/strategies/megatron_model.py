@@ -22,9 +22,14 @@ def rope_theta(hf_config: Any) -> float:
     return float(params.get("rope_theta") or getattr(hf_config, "rope_theta", None) or 10000.0)
 
 
-def check_rope(hf_config: Any) -> None:
+def rope_scaling(hf_config: Any) -> tuple[str, dict[str, Any]]:
+    """(rope type, its parameters) from transformers 5's rope_parameters or older rope_scaling."""
     params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
-    kind = params.get("rope_type") or params.get("type") or "default"
+    return params.get("rope_type") or params.get("type") or "default", params
+
+
+def check_rope(hf_config: Any) -> None:
+    kind, _ = rope_scaling(hf_config)
     if kind not in ("default", "llama3"):
         raise ValueError(f"rope scaling {kind!r} of {hf_config.model_type} is not supported by megatron_train")
 
@@ -117,7 +122,7 @@ def build_gpt_model(hf_config: Any, mc: MegatronConfig, dtype: str | None, *, us
     kwargs.update(mc.transformer_config)
     kwargs.update(use_cpu_initialization=cpu_init, perform_initialization=False)
     config = TransformerConfig(**kwargs)
-    layout = GPTLayout.from_hf_config(hf_config)
+    layout = layout_for(hf_config, mc, use_te)
     if use_te:
         spec = specs.get_gpt_layer_with_transformer_engine_spec(
             num_experts=layout.num_experts or None, moe_grouped_gemm=mc.moe_grouped_gemm, qk_layernorm=layout.qk_norm)
@@ -125,13 +130,13 @@ def build_gpt_model(hf_config: Any, mc: MegatronConfig, dtype: str | None, *, us
         spec = specs.get_gpt_layer_local_spec(
             num_experts=layout.num_experts or None, moe_grouped_gemm=False, qk_layernorm=layout.qk_norm,
             normalization="RMSNorm")
-    params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
-    llama3 = (params.get("rope_type") or params.get("type")) == "llama3"
+    kind, params = rope_scaling(hf_config)
+    llama3 = kind == "llama3"
     extra = {"vp_stage": vp_stage} if vp_stage is not None else {}
     return GPTModel(
         config=config,
         transformer_layer_spec=spec,
-        vocab_size=layout_padded_vocab(hf_config, mc),
+        vocab_size=layout.padded_vocab_size,
         max_sequence_length=int(getattr(hf_config, "max_position_embeddings", 4096)),
         pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
         post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
@@ -145,12 +150,7 @@ def build_gpt_model(hf_config: Any, mc: MegatronConfig, dtype: str | None, *, us
     )
 
 
-def layout_padded_vocab(hf_config: Any, mc: MegatronConfig) -> int:
-    from roll.models.megatron_convert import padded_vocab
-
-    return padded_vocab(hf_config.vocab_size, mc.make_vocab_size_divisible_by, mc.tensor_model_parallel_size)
-
-
 def layout_for(hf_config: Any, mc: MegatronConfig, use_te: bool) -> GPTLayout:
+    """The conversion layout of this model under these parallel settings (padded vocab included)."""
     return GPTLayout.from_hf_config(hf_config, fused_norms=use_te, vocab_divisible_by=mc.make_vocab_size_divisible_by,
                                     tensor_parallel=mc.tensor_model_parallel_size, grouped_gemm=mc.moe_grouped_gemm)

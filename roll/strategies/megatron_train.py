@@ -48,9 +48,12 @@ from roll.strategies.base import (
     ForwardOutput,
     LossFn,
     NamedTensors,
+    StepStats,
     StrategyContext,
     TrainStrategy,
     global_counts,
+    loss_mask_key,
+    mini_batches,
 )
 from roll.strategies.deepspeed_train import lr_lambda
 from roll.strategies.megatron_math import (
@@ -331,38 +334,25 @@ class MegatronTrainStrategy(TrainStrategy):
             raise RuntimeError(f"{self.name} does not train; use megatron_train")
         from megatron.core import parallel_state as ps
 
-        ta = self.config.training_args
-        micro, mini = ta.per_device_train_batch_size, ta.per_device_train_batch_size * ta.gradient_accumulation_steps
-        mask_key = "response_mask" if "response_mask" in batch else "attention_mask"
-        sums: dict[str, float] = {}
-        norms: list[float] = []
-        n_micro = 0
+        micro = self.config.training_args.per_device_train_batch_size
+        stats = StepStats()
+        mask_key = loss_mask_key(batch)
         for m in self.model:
             m.train()
-        for _ in range(epochs):
-            for start in range(0, len(batch), mini):
-                mini_batch = batch.select(range(start, min(len(batch), start + mini)))
-                counts = global_counts(mini_batch[mask_key], self.device, ps.get_data_parallel_group(),
-                                       self.dp_size)
-                for m in self.model:
-                    m.zero_grad_buffer()
-                self.optimizer.zero_grad()
-                micros, seq = self._micro_batches(mini_batch, micro)
-                for metrics in self._run(micros, seq, loss_fn, counts):
-                    for k, v in metrics.items():
-                        sums[k] = sums.get(k, 0.0) + v
-                    n_micro += 1
-                for group in self.optimizer.param_groups:
-                    group["lr"] = self.base_lr * self.lr_at(self.steps)
-                ok, grad_norm, _ = self.optimizer.step()
-                self.steps += 1
-                norms.append(float(grad_norm) if ok and grad_norm is not None else float("nan"))
-        prefix = "critic" if self.is_critic else "actor"
-        result = {k: v / max(n_micro, 1) for k, v in sums.items()}
-        result[f"{prefix}/grad_norm"] = float(np.nanmean(norms)) if norms else 0.0
-        result[f"{prefix}/lr"] = self.base_lr * self.lr_at(max(self.steps - 1, 0))
-        result[f"{prefix}/optimizer_steps"] = float(len(norms))
-        return result
+        for mini_batch in mini_batches(batch, self.config.training_args, epochs):
+            counts = global_counts(mini_batch[mask_key], self.device, ps.get_data_parallel_group(), self.dp_size)
+            for m in self.model:
+                m.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            micros, seq = self._micro_batches(mini_batch, micro)
+            for metrics in self._run(micros, seq, loss_fn, counts):
+                stats.add_micro(metrics)
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.base_lr * self.lr_at(self.steps)
+            ok, grad_norm, _ = self.optimizer.step()
+            self.steps += 1
+            stats.grad_norms.append(float(grad_norm) if ok and grad_norm is not None else float("nan"))
+        return stats.summary("critic" if self.is_critic else "actor", self.base_lr * self.lr_at(max(self.steps - 1, 0)))
 
     # --- weights
     def _local_chunks(self) -> list[Any]:

@@ -26,9 +26,8 @@ import torch
 
 from roll.configs.strategy_configs import SGLangConfig, parse_strategy_config
 from roll.distributed.batch import Batch
-from roll.strategies.backends import check_backend
+from roll.strategies.backends import check_backend, check_passthrough
 from roll.strategies.base import Generation, InferenceStrategy, NamedTensors, SamplingParams, StrategyContext
-from roll.strategies.vllm import check_passthrough
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import logging
@@ -20,11 +21,10 @@ from typing import Any
 
 import torch
 
-from roll.configs.errors import ConfigError, nearest
 from roll.configs.strategy_configs import VLLMConfig, parse_strategy_config
 from roll.distributed.batch import Batch
 from roll.strategies.async_runner import LoopThread
-from roll.strategies.backends import check_backend
+from roll.strategies.backends import check_backend, check_passthrough
 from roll.strategies.base import Generation, InferenceStrategy, NamedTensors, SamplingParams, StrategyContext
 
 log = logging.getLogger(__name__)
@@ -61,15 +61,6 @@ def engine_kwargs(c: VLLMConfig, model_path: str, dtype: str | None, seed: int, 
         kw["max_model_len"] = c.max_model_len or max_len
     kw.update(c.engine_kwargs)
     return kw
-
-
-def check_passthrough(extra: dict[str, Any], known: set[str], path: str) -> None:
-    """Keys passed verbatim must be arguments the engine has."""
-    for key in extra:
-        if key not in known:
-            hint = nearest(key, known)
-            raise ConfigError(f"{path}.{key}", "is not an argument of the installed engine"
-                                               + (f"; did you mean {hint!r}?" if hint else ""))
 
 
 class VLLMStrategy(InferenceStrategy):
@@ -145,8 +136,6 @@ class VLLMStrategy(InferenceStrategy):
             return Generation(tokens, logprobs, reason)
 
         async def all_of() -> list[Generation]:
-            import asyncio
-
             return list(await asyncio.gather(*(one(p, i) for i, p in enumerate(prompts))))
 
         return self.runner.run(all_of())
@@ -173,8 +162,6 @@ class VLLMStrategy(InferenceStrategy):
                 out[i, positions[t]] = float(final.prompt_logprobs[t][tokens[t]].logprob)
 
         async def all_rows() -> None:
-            import asyncio
-
             await asyncio.gather(*(row(i) for i in range(len(batch))))
 
         self.runner.run(all_rows())
@@ -187,10 +174,6 @@ class VLLMStrategy(InferenceStrategy):
         payload = [(name, tensor.contiguous()) for name, tensor in named_tensors]
         self.runner.run(self.engine.collective_rpc("roll_load_weights", args=(payload,)))
         self.runner.run(self.engine.reset_prefix_cache())  # cached KV blocks belong to the old weights
-
-    def weight_sum(self) -> float:
-        assert self.engine is not None and self.runner is not None
-        return float(self.runner.run(self.engine.collective_rpc("roll_weight_sum"))[0])
 
     def offload(self) -> None:
         if self.engine is None or self.runner is None or not self._sleep_mode():

@@ -17,7 +17,3 @@ class RollWorkerExtension:
         model.load_weights(weights=((str(name), tensor.to(device, non_blocking=True)) for name, tensor in named_tensors))
         torch.cuda.synchronize(device)
         return len(named_tensors)
-
-    def roll_weight_sum(self) -> float:
-        """Sum of every parameter (float64): a cheap fingerprint to check that a sync arrived."""
-        return float(sum(p.detach().double().sum() for p in self.model_runner.model.parameters()))

@@ -14,7 +14,6 @@ from roll.configs.strategy_configs import (
     check_megatron_model,
     check_megatron_world,
     megatron_global_batch,
-    one_step_grad_accum,
     parse_strategy_config,
 )
 from roll.strategies.backends import BACKENDS, check_backend
@@ -90,9 +89,11 @@ def test_global_batch_arithmetic_follows_the_guide() -> None:
     assert megatron_global_batch(per_device=1, grad_accum=32, world_size=16, c=c) == 128  # 1*32*16/4
     c_cp = MegatronConfig(tensor_model_parallel_size=2, context_parallel_size=2)
     assert megatron_global_batch(per_device=2, grad_accum=4, world_size=8, c=c_cp) == 16  # 2*4*8/4
-    # one optimizer step per rollout: grad_accum = rollout_batch x n x TP x PP x CP / per_device / world
-    assert one_step_grad_accum(train_batch=128, per_device=1, world_size=16, c=c) == 32  # 128*4/16
-    assert one_step_grad_accum(train_batch=128, per_device=2, world_size=8) == 8  # DeepSpeed: 128/(2*8)
+    # one optimizer step per rollout: grad_accum = rollout_batch x n x TP x PP x CP / per_device / world,
+    # i.e. the global batch then equals the rollout batch
+    train_batch = 128
+    grad_accum = train_batch * c.model_parallel_size // (1 * 16)
+    assert grad_accum == 32 and megatron_global_batch(per_device=1, grad_accum=grad_accum, world_size=16, c=c) == train_batch
 
 
 def test_finalize_derives_sizes_from_strategy_config() -> None:

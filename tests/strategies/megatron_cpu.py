@@ -105,6 +105,15 @@ def main() -> None:
     d_metrics = ds.train_step(train_batch, ppo_loss_fn)
     after_m, after_d = meg.compute_log_probs(batch), ds.compute_log_probs(batch)
 
+    # HF export of the trained weights loads in transformers and gives megatron's log-probs
+    export = Path(tempfile.mkdtemp()) / "hf"
+    meg.export_hf(str(export))
+    from transformers import AutoModelForCausalLM
+
+    exported = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
+    export_diff = float((forward_logprobs(exported, batch["input_ids"], batch["attention_mask"]) - after_m)[attended]
+                        .abs().max())
+
     # checkpoint: save, step, load, step again -> the same weights
     ckpt = tempfile.mkdtemp()
     meg.save_checkpoint(ckpt)
@@ -142,6 +151,7 @@ def main() -> None:
         "moved_by_training": float((after_m - lp)[attended].abs().max()),
         "grad_norm": [m_metrics["actor/grad_norm"], d_metrics["actor/grad_norm"]],
         "optimizer_steps": [m_metrics["actor/optimizer_steps"], d_metrics["actor/optimizer_steps"]],
+        "hf_export_max_abs_vs_megatron": export_diff,
         "checkpoint_restores_weights": bool(torch.equal(restored, after_m)),
         "checkpoint_resume_is_exact": bool(torch.equal(first, second)),
         "critic_initial_values_zero": bool(torch.all(values0 == 0)),

@@ -17,6 +17,7 @@ from roll.configs.strategy_configs import parse_strategy_config
 from roll.distributed.batch import Batch
 from roll.strategies import sglang as sglang_strategy
 from roll.strategies import vllm as vllm_strategy
+from roll.strategies.backends import check_passthrough
 from roll.strategies.base import SamplingParams, StrategyContext
 from tests.strategies.helpers import worker_config
 
@@ -47,9 +48,9 @@ def test_sglang_engine_kwargs_and_sampling() -> None:
 
 
 def test_passthrough_keys_are_checked_against_the_engine() -> None:
-    vllm_strategy.check_passthrough({"swap_space": 4}, {"swap_space", "enforce_eager"}, "actor_infer.strategy_args.strategy_config")
+    check_passthrough({"swap_space": 4}, {"swap_space", "enforce_eager"}, "actor_infer.strategy_args.strategy_config")
     with pytest.raises(ConfigError, match="swap_spce: is not an argument of the installed engine; did you mean 'swap_space'"):
-        vllm_strategy.check_passthrough({"swap_spce": 4}, {"swap_space"}, "actor_infer.strategy_args.strategy_config")
+        check_passthrough({"swap_spce": 4}, {"swap_space"}, "actor_infer.strategy_args.strategy_config")
 
 
 # --- a stand-in for vLLM's AsyncLLM surface: generate (async iterator), collective_rpc, sleep/wake, cache reset
