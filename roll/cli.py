@@ -48,7 +48,11 @@ def main(argv: Sequence[str] | None = None, *, search_roots: Sequence[Path] = ()
     print(config_to_yaml(loaded.config), flush=True)
     if args.dry_run:
         return 0
-    return train(loaded.config)
+    try:
+        return train(loaded.config)
+    except ConfigError as e:  # found at start-up, before any worker ran (e.g. a GPU backend without a GPU)
+        print(f"config error: {e}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
 
 
 def train(config: object) -> int:

@@ -3,6 +3,7 @@
     for step in range(start_step, max_steps):
         sync weights actor_train -> actor_infer            (every model_update_frequency steps)
         batch = train_rollout.collect(train batch size)     env managers x actor_infer, multi-turn
+        batch = adjust(batch)                               whole optimizer steps (batch_adjust_mode)
         every eval_steps: val metrics = val_rollout.collect(val_batch_size)
         batch |= reference log-probs                        only when a KL term is on
         batch |= actor_train old log-probs
@@ -18,18 +19,28 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 from roll.agentic.advantage import compute_batch_advantages
+from roll.agentic.batch_adjust import adjust_batch
 from roll.agentic.conversation import ChatTemplate
 from roll.agentic.rollout import EnvManagerHost, make_rollout, ray_factory
 from roll.algorithms.kl import AdaptiveKLController, FixedKLController, kl_controller
 from roll.algorithms.losses import ActorLossConfig
 from roll.algorithms.reward_norm import RunningMeanStd
-from roll.configs.derive import needs_critic, needs_reference, optimizer_steps_per_rollout, train_batch_size
+from roll.configs.derive import (
+    dual_clip_constant,
+    global_train_batch_size,
+    needs_critic,
+    needs_reference,
+    train_batch_size,
+)
 from roll.configs.schema import PipelineConfig
 from roll.distributed.batch import Batch
 from roll.utils.checkpoint import read_state, resolve_resume, save_checkpoint
@@ -38,8 +49,24 @@ from roll.utils.tracking import make_tracker
 log = logging.getLogger(__name__)
 
 
+def pipeline_roles(cfg: PipelineConfig) -> list[str]:
+    """The roles this run starts: the two actors, and the reference and critic when they are needed."""
+    return ["actor_train", "actor_infer"] + (["reference"] if needs_reference(cfg) else []) + (["critic"] if needs_critic(cfg) else [])
+
+
+def preflight(cfg: PipelineConfig) -> None:
+    """Checks that need this machine (not the config alone), run before Ray or any worker starts:
+    each role's backend must be runnable here (a GPU backend on a machine without CUDA is one line,
+    not a traceback from inside a worker)."""
+    from roll.strategies.backends import check_backend
+
+    for role in pipeline_roles(cfg):
+        check_backend(getattr(cfg, role).strategy_args.strategy_name, f"{role}.strategy_args.strategy_name")
+
+
 class AgenticPipeline:
     def __init__(self, cfg: PipelineConfig) -> None:
+        preflight(cfg)
         self.cfg = cfg
         self.clusters: dict[str, Any] = {}
         self._start_workers()
@@ -47,6 +74,10 @@ class AgenticPipeline:
         self.tracker = make_tracker(cfg.track_with, cfg.tracker_kwargs, cfg.logging_dir, cfg.exp_name)
         self.kl_ctl: FixedKLController | AdaptiveKLController = kl_controller(cfg.init_kl_coef, cfg.target_kl, cfg.kl_horizon)
         self.running: RunningMeanStd | None = None
+        self.warned_singletons = False
+        # a training batch is adjusted to a multiple of every training role's global mini-batch
+        self.rows_per_step = math.lcm(*(global_train_batch_size(getattr(cfg, r)) for r in ("actor_train", "critic")
+                                        if r in self.clusters))
         self.start_step = 0
         self._resume()
 
@@ -60,7 +91,7 @@ class AgenticPipeline:
         from roll.workers import DEFAULT_WORKERS
 
         cfg = self.cfg
-        roles = ["actor_train", "actor_infer"] + (["reference"] if needs_reference(cfg) else []) + (["critic"] if needs_critic(cfg) else [])
+        roles = pipeline_roles(cfg)
         devices = sorted({d for r in roles for d in getattr(cfg, r).device_mapping})
         use_gpu = torch.cuda.is_available()
         ray_init(num_cpus=None if use_gpu else max(os.cpu_count() or 1, 1), object_store_mb=int(os.environ.get("ROLL_OBJECT_STORE_MB", "1024")))
@@ -70,7 +101,8 @@ class AgenticPipeline:
             set(getattr(cfg, r).device_mapping) & set(getattr(cfg, o).device_mapping) for o in roles if o != r))
         settings = {
             "seed": cfg.seed, "max_grad_norm": cfg.max_grad_norm, "system_envs": cfg.system_envs,
-            "total_steps": self._optimizer_steps(),
+            # train_step calls each training role gets; its LR schedule spans the optimizer steps they take
+            "train_calls": {"actor_train": max(1, cfg.max_steps - cfg.critic_warmup), "critic": cfg.max_steps},
             # colocated roles take turns (one phase at a time), so each may use every core
             "threads_per_worker": os.cpu_count() or 1,
             "colocated_roles": self.colocated_roles,
@@ -88,10 +120,6 @@ class AgenticPipeline:
         self.time_share = use_gpu and bool(self.colocated_roles)
         self.resident = set(roles)
         log.info("workers ready (%d roles, up to %d colocated per device)", len(roles), colocated)
-
-    def _optimizer_steps(self) -> int:
-        cfg = self.cfg
-        return max(1, optimizer_steps_per_rollout(cfg) * cfg.ppo_epochs * max(cfg.max_steps, 1))
 
     def _start_rollouts(self) -> None:
         import ray
@@ -152,7 +180,7 @@ class AgenticPipeline:
             metrics: dict[str, float] = {}
             timer = _Timer(metrics, bar)
             step_start = time.perf_counter()
-            if step == self.start_step or step % cfg.actor_infer.model_update_frequency == 0:
+            if step == self.start_step or step % cfg.actor_train.model_update_frequency == 0:
                 with timer("weight_sync"):
                     self.devices_to("actor_train")  # actor_infer wakes its weights itself to receive them
                     metrics.update(self.sync_weights())
@@ -161,6 +189,10 @@ class AgenticPipeline:
                 rollout = self.train_rollout.collect(train_batch_size(cfg), step)
             batch = rollout.batch
             metrics.update(rollout.metrics)
+            # whole optimizer steps for every training role (batch_adjust_mode); added/removed rows are counted
+            batch, adjust_metrics = adjust_batch(batch, cfg.batch_adjust_mode, self.rows_per_step,
+                                                 np.random.default_rng([cfg.seed, step]))
+            metrics.update(adjust_metrics)
             if self.val_rollout is not None and step % cfg.eval_steps == 0:
                 with timer("eval"):
                     metrics.update(self.val_rollout.collect(cfg.val_batch_size, step).metrics)
@@ -179,14 +211,16 @@ class AgenticPipeline:
                 batch, adv_metrics, self.running = compute_batch_advantages(batch, cfg, self.kl_ctl.value, self.running)
                 metrics.update(adv_metrics)
                 self.kl_ctl = self.kl_ctl.update(adv_metrics.get("actor/kl_to_reference", 0.0), len(batch))
+                self._warn_singleton_groups(adv_metrics)
             if "critic" in self.clusters:
                 with timer("critic_train"):
-                    metrics.update(_mean(self.clusters["critic"].dispatch(
-                        "train_step", batch, cfg.value_clip, cfg.loss_agg_mode, cfg.ppo_epochs)))
+                    metrics.update(self.clusters["critic"].dispatch(
+                        "train_step", batch, cfg.value_clip, cfg.loss_agg_mode, cfg.ppo_epochs, cfg.sequence_length)[0])
             if step >= cfg.critic_warmup:
                 with timer("actor_train"):
                     self.devices_to("actor_train")
-                    metrics.update(_mean(self.clusters["actor_train"].dispatch("train_step", batch, self.loss_config(), cfg.ppo_epochs)))
+                    # every replica reports the metrics of the whole global batch (reduced over ranks)
+                    metrics.update(self.clusters["actor_train"].dispatch("train_step", batch, self.loss_config(), cfg.ppo_epochs)[0])
             if cfg.save_steps and ((step + 1) % cfg.save_steps == 0 or step + 1 == cfg.max_steps):
                 with timer("checkpoint"):
                     self.save(step)
@@ -221,12 +255,21 @@ class AgenticPipeline:
         cfg = self.cfg
         low, high = (cfg.pg_clip_low, cfg.pg_clip_high) if cfg.use_pg_clip_range else (cfg.pg_clip, cfg.pg_clip)
         return ActorLossConfig(
-            pg_clip_low=low, pg_clip_high=high, dual_clip=cfg.dual_clip_c if cfg.dual_clip_loss else None,
+            pg_clip_low=low, pg_clip_high=high, dual_clip=dual_clip_constant(cfg) if cfg.dual_clip_loss else None,
             use_topr_loss=cfg.use_topr_loss, topr_positive_weight=cfg.actor_train.topr_positive_weight,
             topr_negative_weight=cfg.actor_train.topr_negative_weight, rl_loss_coef=cfg.rl_loss_coef,
             use_kl_loss=cfg.use_kl_loss, kl_loss_coef=cfg.kl_loss_coef, kl_loss_type=cfg.kl_loss_type,
-            entropy_loss_coef=cfg.entropy_loss_coef, sft_loss_coef=cfg.sft_loss_coef, l2=cfg.l2, agg_mode=cfg.loss_agg_mode,
+            entropy_loss_coef=cfg.entropy_loss_coef, sft_loss_coef=cfg.sft_loss_coef, agg_mode=cfg.loss_agg_mode,
+            norm_length=float(cfg.sequence_length), ratio_type=cfg.ratio_type,
         )
+
+    def _warn_singleton_groups(self, metrics: dict[str, float]) -> None:
+        share = metrics.get("reward/singleton_group_share", 0.0)
+        if share > 0.5 and not self.warned_singletons:
+            self.warned_singletons = True
+            log.warning("%.0f%% of the reward-normalisation groups hold a single row: their normalised reward is 0 and "
+                        "they teach nothing (reward_normalization.grouping=%s; a group needs group_size > 1)",
+                        100 * share, self.cfg.reward_normalization.grouping)
 
     def save(self, step: int) -> None:
         def parts(folder: Any) -> None:
@@ -255,11 +298,6 @@ class AgenticPipeline:
         with contextlib.suppress(Exception):
             self.resources.shutdown()
         ray.shutdown()
-
-
-def _mean(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    keys = {k for m in per_rank for k in m}
-    return {k: sum(m.get(k, 0.0) for m in per_rank) / len(per_rank) for k in keys}
 
 
 class _Timer:

@@ -45,7 +45,8 @@ def import_path(path: str) -> Any:
 
 
 def build_slots(custom_envs: dict[str, Any], em: Any) -> list[EnvSlot]:
-    """Env slots of an env-manager config: groups split over tags, group_size envs per group."""
+    """Env slots of an env-manager config: groups split over tags, group_size (+ group_size_redundancy)
+    envs per group."""
     slots, group = [], 0
     for tag, n_groups in zip(em.tags, em.num_groups_partition):
         entry = custom_envs[tag]
@@ -55,7 +56,7 @@ def build_slots(custom_envs: dict[str, Any], em: Any) -> list[EnvSlot]:
             env_config["format_penalty"] = em.format_penalty  # the manager's penalty is the default for its envs
         entry["env_config"] = env_config
         for _ in range(n_groups):
-            for _ in range(em.group_size):
+            for _ in range(em.group_size + em.group_size_redundancy):
                 slots.append(EnvSlot(len(slots), group, tag, entry))
             group += 1
     return slots
@@ -89,8 +90,10 @@ class RolloutScheduler:
         render_dir: str | None = None,
         render_count: int = 4,
         take_generation_stats: Callable[[], dict[str, float]] | None = None,
+        fixed_seeds: bool = False,
     ) -> None:
         self.name = name
+        self.fixed_seeds = fixed_seeds
         self.slots = slots
         self.em = em_config
         self.template = template
@@ -116,11 +119,15 @@ class RolloutScheduler:
         return out
 
     def requests(self, step: int) -> list[EpisodeRequest]:
-        """``max_traj_per_env`` episodes per env; the envs of a group share each episode's seed."""
+        """``max_traj_per_env`` episodes per env; the envs of a group share each episode's seed. With
+        ``fixed_seeds`` (validation) every collection plays the same episodes, so the curve over steps
+        measures the policy, not the luck of the levels; the seeds follow only from ``seed``, so a
+        resumed run keeps them."""
+        seed_step = 0 if self.fixed_seeds else step
         out = []
         for k in range(self.em.max_traj_per_env):
             for slot in self.slots:
-                out.append(EpisodeRequest(slot, mix_seed(self.seed, self.name, step, slot.group_id, k), k))
+                out.append(EpisodeRequest(slot, mix_seed(self.seed, self.name, seed_step, slot.group_id, k), k))
         return out
 
     def collect(self, n: int, step: int = 0) -> RolloutResult:
@@ -140,28 +147,33 @@ class RolloutScheduler:
                     trajectories += t
                     errors += e
         wall = time.perf_counter() - start
-        chosen, incomplete = self._whole_groups(trajectories, n)
+        chosen, incomplete, redundant = self._whole_groups(trajectories, n)
         batch = self.to_batch(chosen, step)
         metrics = self._metrics(chosen, errors, incomplete, wall)
+        metrics[f"{self.name}/redundant_left_out"] = float(redundant)
         if self.render_dir is not None:
             self._render(chosen, step)
         return RolloutResult(batch, metrics, chosen)
 
-    def _whole_groups(self, trajectories: list[Trajectory], n: int) -> tuple[list[Trajectory], int]:
+    def _whole_groups(self, trajectories: list[Trajectory], n: int) -> tuple[list[Trajectory], int, int]:
+        """Up to ``n`` trajectories in whole groups of group_size (complete groups first); a group with
+        redundant envs keeps its lowest-numbered finished episodes. Returns (chosen, partial groups used,
+        redundant episodes left out)."""
         groups: dict[tuple[int, int], list[Trajectory]] = {}
         for t in trajectories:
             groups.setdefault((t.request.episode, t.request.slot.group_id), []).append(t)
         size = self.em.group_size
-        complete = [k for k in sorted(groups) if len(groups[k]) == size]
-        partial = [k for k in sorted(groups) if len(groups[k]) != size]
+        complete = [k for k in sorted(groups) if len(groups[k]) >= size]
+        partial = [k for k in sorted(groups) if len(groups[k]) < size]
         chosen: list[Trajectory] = []
         used_partial = 0
         for key in complete + partial:  # whole groups first; partial ones only when short
             if len(chosen) >= n:
                 break
             used_partial += key in partial
-            chosen += sorted(groups[key], key=lambda t: t.request.slot.env_id)
-        return chosen, used_partial
+            chosen += sorted(groups[key], key=lambda t: t.request.slot.env_id)[:size]
+        redundant = sum(max(0, len(g) - size) for g in groups.values())
+        return chosen, used_partial, redundant
 
     # --- rows
     def group_key(self, t: Trajectory, step: int) -> str:
@@ -350,4 +362,5 @@ def make_rollout(cfg: Any, mode: str, template: ChatTemplate, factory_for: Calla
         seed=cfg.seed,
         render_dir=cfg.render_save_dir if keep_frames else None,
         take_generation_stats=take_stats,
+        fixed_seeds=mode != "train",
     )

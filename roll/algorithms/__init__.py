@@ -18,11 +18,17 @@ from roll.algorithms.losses import (
     aggregate,
     value_loss,
 )
-from roll.algorithms.reward_norm import NORM_METHODS, RunningMeanStd, normalize_in_groups, normalize_rewards
+from roll.algorithms.reward_norm import (
+    NORM_METHODS,
+    NormSpec,
+    RunningMeanStd,
+    method_scopes,
+    normalize_scores,
+)
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "AdvantageInputs", "AdvantageParams", "compute_advantages", "postprocess_advantages",
     "token_level_rewards", "KL_ESTIMATORS", "kl_controller", "kl_penalty", "LOSS_AGG_MODES", "ActorLossConfig",
-    "GlobalCounts", "actor_loss", "aggregate", "value_loss", "NORM_METHODS", "RunningMeanStd", "normalize_in_groups",
-    "normalize_rewards",
+    "GlobalCounts", "actor_loss", "aggregate", "value_loss", "NORM_METHODS", "NormSpec", "RunningMeanStd",
+    "method_scopes", "normalize_scores",
 ]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from roll.algorithms.masked import group_stats, masked_whiten
-from roll.algorithms.reward_norm import normalize_in_groups
+from roll.algorithms.reward_norm import NormSpec, normalize_scores
 
 
 def broadcast(per_row: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -82,11 +82,6 @@ def gae(
     return adv, returns
 
 
-def grpo_advantages(scores: torch.Tensor, groups: torch.Tensor, mask: torch.Tensor, norm_by_std: bool = True) -> torch.Tensor:
-    """(score - group mean) / group std, on every response token (Dr.GRPO without the std)."""
-    return broadcast(normalize_in_groups(scores.float(), groups, "mean_std" if norm_by_std else "mean"), mask)
-
-
 def rloo_advantages(scores: torch.Tensor, groups: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """score_i - mean of the other scores in its group (0 for a group of one)."""
     scores = scores.float()
@@ -102,7 +97,8 @@ def reinforce_plus_plus(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: 
 
 def reinforce_plus_plus_baseline(scores: torch.Tensor, groups: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """REINFORCE++ with a group-mean baseline, then whitened over the batch."""
-    return masked_whiten(broadcast(normalize_in_groups(scores.float(), groups, "mean"), mask), mask)
+    centred, _ = normalize_scores(scores.float(), NormSpec("group", None), groups)
+    return masked_whiten(broadcast(centred, mask), mask)
 
 
 def turn_index(mask: torch.Tensor) -> torch.Tensor:
@@ -145,20 +141,18 @@ def step_returns(step_rewards: torch.Tensor, traj_ids: torch.Tensor, step_idx: t
 
 
 def gigpo_advantages(
-    episode_scores: torch.Tensor,
-    episode_groups: torch.Tensor,
+    episode_advantage: torch.Tensor,
     step_return: torch.Tensor,
     state_groups: torch.Tensor,
     episode_weight: float = 1.0,
     step_weight: float = 1.0,
-    method: str = "mean_std",
+    step_norm: NormSpec | None = None,
 ) -> torch.Tensor:
-    """GiGPO per-row advantage: episode-level (episode score normalised in its GRPO group) plus
-    step-level (discounted step return normalised among rows that share an anchor state within the
-    group, ``state_groups``), weighted."""
-    episode = normalize_in_groups(episode_scores.float(), episode_groups, method)
-    step = normalize_in_groups(step_return.float(), state_groups, method)
-    return episode_weight * episode + step_weight * step
+    """GiGPO per-row advantage: the episode-level advantage (the episode score already normalised in
+    its GRPO group) plus the step-level one (the discounted step return normalised among rows that
+    share an anchor state within the group, ``state_groups``; mean and std by default), weighted."""
+    step, _ = normalize_scores(step_return.float(), step_norm or NormSpec("group", "group"), state_groups)
+    return episode_weight * episode_advantage.float() + step_weight * step
 
 
 @dataclass
@@ -167,7 +161,7 @@ class AdvantageInputs:
 
     response_mask: torch.Tensor  # [B, T]
     token_rewards: torch.Tensor | None = None  # [B, T] (outcome on last token, KL penalty folded in)
-    scores: torch.Tensor | None = None  # [B] outcome/episode score per row
+    scores: torch.Tensor | None = None  # [B] outcome/episode score per row, after reward normalisation
     groups: torch.Tensor | None = None  # [B] GRPO group id per row (traj_group_id)
     values: torch.Tensor | None = None  # [B, T] critic values
     turn_rewards: torch.Tensor | None = None  # [B, K] per-turn rewards of trajectory rows
@@ -179,10 +173,9 @@ class AdvantageInputs:
 class AdvantageParams:
     gamma: float = 1.0
     lambd: float = 0.95
-    norm_by_std: bool = True
     episode_weight: float = 1.0
     step_weight: float = 1.0
-    step_norm: str = "mean_std"
+    step_norm: NormSpec | None = None  # GiGPO: how step returns normalise within a state group (default mean_std)
 
 
 def _need(x: torch.Tensor | None, name: str, estimator: str) -> torch.Tensor:
@@ -201,7 +194,9 @@ def _reinforce(i: AdvantageInputs, p: AdvantageParams):
 
 
 def _grpo(i: AdvantageInputs, p: AdvantageParams):
-    a = grpo_advantages(_need(i.scores, "scores", "grpo"), _need(i.groups, "groups", "grpo"), i.response_mask, p.norm_by_std)
+    # The group baseline is the reward normalisation (reward_normalization: traj_group_id, mean_std):
+    # normalising here again would override the configured grouping and rescale asym_clip.
+    a = broadcast(_need(i.scores, "scores", "grpo"), i.response_mask)
     return a, a
 
 
@@ -223,9 +218,8 @@ def _rpp_baseline(i: AdvantageInputs, p: AdvantageParams):
 
 def _gigpo(i: AdvantageInputs, p: AdvantageParams):
     a = gigpo_advantages(
-        _need(i.scores, "scores", "gigpo"), _need(i.groups, "groups", "gigpo"),
-        _need(i.step_return, "step_return", "gigpo"), _need(i.state_groups, "state_groups", "gigpo"),
-        p.episode_weight, p.step_weight, p.step_norm,
+        _need(i.scores, "scores", "gigpo"), _need(i.step_return, "step_return", "gigpo"),
+        _need(i.state_groups, "state_groups", "gigpo"), p.episode_weight, p.step_weight, p.step_norm,
     )
     a = broadcast(a, i.response_mask)
     return a, a

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from roll.algorithms.kl import kl_penalty
-from roll.algorithms.masked import masked_mean, masked_sum
+from roll.algorithms.masked import masked_sum
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -25,19 +25,18 @@ class GlobalCounts:
 
     tokens: float  # valid tokens
     seqs: float  # rows with at least one valid token
-    norm_length: float = 1.0  # seq-mean-token-sum-norm: the fixed length tokens sums are divided by
 
     @staticmethod
-    def of(mask: torch.Tensor, norm_length: float | None = None) -> GlobalCounts:
-        return GlobalCounts(
-            tokens=float(mask.sum()),
-            seqs=float((mask.sum(-1) > 0).sum()),
-            norm_length=float(norm_length if norm_length is not None else mask.shape[-1]),
-        )
+    def of(mask: torch.Tensor) -> GlobalCounts:
+        return GlobalCounts(tokens=float(mask.sum()), seqs=float((mask.sum(-1) > 0).sum()))
 
 
-def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str, counts: GlobalCounts | None = None) -> torch.Tensor:
-    """Reduce a [B, T] token loss to a scalar with ``mode``, normalised by global ``counts``."""
+def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str, counts: GlobalCounts | None = None,
+              norm_length: float | None = None) -> torch.Tensor:
+    """Reduce a [B, T] token loss to a scalar with ``mode``, normalised by global ``counts``.
+
+    ``seq-mean-token-sum-norm`` divides the token sums by ``norm_length``, a constant of the run (the
+    configured sequence length): a per-batch padded width would change the loss scale from batch to batch."""
     counts = counts or GlobalCounts.of(mask)
     if mode == "token-mean":
         return masked_sum(loss, mask) / max(counts.tokens, 1.0)
@@ -47,8 +46,42 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str, counts: GlobalC
     if mode == "seq-mean-token-mean":
         return (per_row_sum / mask.sum(-1).clamp(min=1)).sum() / max(counts.seqs, 1.0)
     if mode == "seq-mean-token-sum-norm":
-        return per_row_sum.sum() / (max(counts.seqs, 1.0) * counts.norm_length)
+        if norm_length is None or norm_length <= 0:
+            raise ValueError("loss_agg_mode 'seq-mean-token-sum-norm' needs a positive constant norm_length")
+        return per_row_sum.sum() / (max(counts.seqs, 1.0) * norm_length)
     raise ValueError(f"unknown loss_agg_mode {mode!r}; use one of {LOSS_AGG_MODES}")
+
+
+def token_share(x: torch.Tensor, mask: torch.Tensor, counts: GlobalCounts | None = None) -> float:
+    """This batch's part of the global token mean of ``x``: summed over micro-batches and data-parallel
+    ranks, the parts give the token mean of the whole global batch (how every diagnostic is reported)."""
+    counts = counts or GlobalCounts.of(mask)
+    return float(masked_sum(x.detach().float(), mask) / max(counts.tokens, 1.0))
+
+
+def segment_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each contiguous run of mask=1 (one model turn) replaced by the mean of ``x`` over that run;
+    0 off the mask. ``ratio_type: segment`` takes the importance ratio per turn this way."""
+    m = mask.long()
+    starts = (m - torch.nn.functional.pad(m, (1, 0))[:, :-1]).clamp(min=0)
+    seg = torch.cumsum(starts, dim=1) * m  # 1-based segment id on mask=1, 0 elsewhere
+    n_seg = int(seg.max()) + 1 if seg.numel() else 1
+    flat = (seg + torch.arange(seg.shape[0], device=seg.device)[:, None] * n_seg).flatten()
+    values = torch.where(mask.bool(), x, torch.zeros_like(x)).flatten()
+    sums = torch.zeros(seg.shape[0] * n_seg, dtype=x.dtype, device=x.device).index_add(0, flat, values)
+    sizes = torch.zeros(seg.shape[0] * n_seg, dtype=x.dtype, device=x.device).index_add(0, flat, m.flatten().to(x.dtype))
+    means = (sums / sizes.clamp(min=1))[flat].view_as(x)
+    return torch.where(mask.bool(), means, torch.zeros_like(x))
+
+
+def log_ratio_of(logprob: torch.Tensor, old_logprob: torch.Tensor, mask: torch.Tensor, ratio_type: str = "token") -> torch.Tensor:
+    """log(pi / pi_old) per token (``token``) or the mean over each turn, on each of its tokens (``segment``)."""
+    log_ratio = logprob - old_logprob
+    if ratio_type == "segment":
+        log_ratio = segment_mean(log_ratio, mask)
+    elif ratio_type != "token":
+        raise ValueError(f"unknown ratio_type {ratio_type!r}; use token or segment")
+    return log_ratio.clamp(-20.0, 20.0)
 
 
 def ppo_policy_loss(
@@ -62,29 +95,31 @@ def ppo_policy_loss(
     dual_clip: float | None = None,
     agg_mode: str = "token-mean",
     counts: GlobalCounts | None = None,
+    norm_length: float | None = None,
+    ratio_type: str = "token",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped PPO surrogate: max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)); with ``dual_clip``
-    (c > 1) the loss of negative-advantage tokens is also capped at -A c."""
-    log_ratio = (logprob - old_logprob).clamp(-20.0, 20.0)
+    (c > 1) the loss of negative-advantage tokens is also capped at -A c. ``ratio_type: segment``
+    uses one ratio per model turn (the exp of the turn's mean log-ratio)."""
+    log_ratio = log_ratio_of(logprob, old_logprob, mask, ratio_type)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     loss = torch.maximum(unclipped, clipped)
-    dual_frac = torch.zeros(())
+    dual_hit = torch.zeros_like(loss, dtype=torch.bool)
     if dual_clip is not None:
         if dual_clip <= 1.0:
             raise ValueError(f"dual clip constant must be > 1, got {dual_clip}")
         capped = torch.minimum(loss, -advantages * dual_clip)
         dual_hit = (advantages < 0) & (loss > -advantages * dual_clip)
         loss = torch.where(advantages < 0, capped, loss)
-        dual_frac = masked_mean(dual_hit.float(), mask)
     metrics = {
-        "actor/pg_clipfrac": float(masked_mean((clipped > unclipped).float(), mask)),
-        "actor/ppo_kl": float(masked_mean(-log_ratio, mask)),
-        "actor/ratio_mean": float(masked_mean(ratio.detach(), mask)),
-        "actor/dual_clipfrac": float(dual_frac),
+        "actor/pg_clipfrac": token_share((clipped > unclipped).float(), mask, counts),
+        "actor/ppo_kl": token_share(-log_ratio, mask, counts),
+        "actor/ratio_mean": token_share(ratio, mask, counts),
+        "actor/dual_clipfrac": token_share(dual_hit.float(), mask, counts),
     }
-    return aggregate(loss, mask, agg_mode, counts), metrics
+    return aggregate(loss, mask, agg_mode, counts, norm_length), metrics
 
 
 def topr_policy_loss(
@@ -97,15 +132,17 @@ def topr_policy_loss(
     negative_weight: float = 1.0,
     agg_mode: str = "token-mean",
     counts: GlobalCounts | None = None,
+    norm_length: float | None = None,
+    ratio_type: str = "token",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """TOPR (tapered off-policy REINFORCE): positive-advantage tokens get the plain REINFORCE
     gradient; negative ones are weighted by the truncated ratio min(r, 1) (no gradient through it)."""
-    ratio = torch.exp((logprob - old_logprob).clamp(-20.0, 20.0)).detach()
+    ratio = torch.exp(log_ratio_of(logprob, old_logprob, mask, ratio_type)).detach()
     positive = advantages >= 0
     weight = torch.where(positive, torch.full_like(ratio, positive_weight), negative_weight * ratio.clamp(max=1.0))
     loss = -weight * advantages * logprob
-    metrics = {"actor/topr_negative_frac": float(masked_mean((~positive).float(), mask))}
-    return aggregate(loss, mask, agg_mode, counts), metrics
+    metrics = {"actor/topr_negative_frac": token_share((~positive).float(), mask, counts)}
+    return aggregate(loss, mask, agg_mode, counts, norm_length), metrics
 
 
 def value_loss(
@@ -117,23 +154,26 @@ def value_loss(
     clip: float | None = None,
     agg_mode: str = "token-mean",
     counts: GlobalCounts | None = None,
+    norm_length: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """0.5 (V - R)^2; with ``clip``, 0.5 max((V - R)^2, (V_clipped - R)^2) where V_clipped stays
     within ``clip`` of the old values."""
     err = (values - returns) ** 2
     if clip is None:
         loss = 0.5 * err
-        clipfrac = torch.zeros(())
+        clip_hit = torch.zeros_like(err, dtype=torch.bool)
     else:
         clipped_values = old_values + (values - old_values).clamp(-clip, clip)
         err_clipped = (clipped_values - returns) ** 2
         loss = 0.5 * torch.maximum(err, err_clipped)
-        clipfrac = masked_mean((err_clipped > err).float(), mask)
+        clip_hit = err_clipped > err
+    total = aggregate(loss, mask, agg_mode, counts, norm_length)
     metrics = {
-        "critic/vf_clipfrac": float(clipfrac),
-        "critic/vpred_mean": float(masked_mean(values.detach(), mask)),
+        "critic/value_loss": float(total.detach()),
+        "critic/vf_clipfrac": token_share(clip_hit.float(), mask, counts),
+        "critic/vpred_mean": token_share(values, mask, counts),
     }
-    return aggregate(loss, mask, agg_mode, counts), metrics
+    return total, metrics
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -159,8 +199,9 @@ class ActorLossConfig:
     kl_loss_type: str = "low_var_kl"
     entropy_loss_coef: float = 0.0
     sft_loss_coef: float = 0.0
-    l2: float = 0.0
     agg_mode: str = "seq-mean-token-mean"
+    norm_length: float | None = None  # seq-mean-token-sum-norm: the run's constant length
+    ratio_type: str = "token"
 
 
 def actor_loss(
@@ -173,37 +214,38 @@ def actor_loss(
     ref_logprob: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     positive_rows: torch.Tensor | None = None,
-    params: list[torch.Tensor] | None = None,
     counts: GlobalCounts | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """rl_loss_coef x (PPO or TOPR) + kl_loss_coef x KL(ref) - entropy_loss_coef x entropy
-    + sft_loss_coef x NLL on positive rows + l2 x ||params||^2; returns (loss, metrics)."""
+    + sft_loss_coef x NLL on positive rows; returns (loss, metrics).
+
+    Every metric is this batch's part of the global-batch value (see ``token_share``): the parts of
+    all micro-batches and ranks add up to the metric of the whole batch, as the losses do."""
+    agg = {"agg_mode": cfg.agg_mode, "counts": counts, "norm_length": cfg.norm_length}
     if cfg.use_topr_loss:
         pg, metrics = topr_policy_loss(logprob, old_logprob, advantages, mask, positive_weight=cfg.topr_positive_weight,
-                                       negative_weight=cfg.topr_negative_weight, agg_mode=cfg.agg_mode, counts=counts)
+                                       negative_weight=cfg.topr_negative_weight, ratio_type=cfg.ratio_type, **agg)
     else:
         pg, metrics = ppo_policy_loss(logprob, old_logprob, advantages, mask, clip_low=cfg.pg_clip_low,
-                                      clip_high=cfg.pg_clip_high, dual_clip=cfg.dual_clip, agg_mode=cfg.agg_mode, counts=counts)
+                                      clip_high=cfg.pg_clip_high, dual_clip=cfg.dual_clip, ratio_type=cfg.ratio_type, **agg)
     total = cfg.rl_loss_coef * pg
-    metrics["actor/pg_loss"] = float(pg)
+    metrics["actor/pg_loss"] = float(pg.detach())
     if cfg.use_kl_loss:
         if ref_logprob is None:
             raise ValueError("use_kl_loss needs the reference log-probs")
-        kl = aggregate(kl_penalty(logprob, ref_logprob, cfg.kl_loss_type), mask, cfg.agg_mode, counts)
+        kl = aggregate(kl_penalty(logprob, ref_logprob, cfg.kl_loss_type), mask, cfg.agg_mode, counts, cfg.norm_length)
         total = total + cfg.kl_loss_coef * kl
-        metrics["actor/kl_loss"] = float(kl)
+        metrics["actor/kl_loss"] = float(kl.detach())
     if entropy is not None:
-        ent = aggregate(entropy, mask, cfg.agg_mode, counts)
+        ent = aggregate(entropy, mask, cfg.agg_mode, counts, cfg.norm_length)
         total = total - cfg.entropy_loss_coef * ent
-        metrics["actor/entropy"] = float(ent)
+        metrics["actor/entropy"] = float(ent.detach())
     if cfg.sft_loss_coef:
         if positive_rows is None:
             raise ValueError("sft_loss_coef needs the positive rows")
         sft_mask = mask * positive_rows[:, None].to(mask.dtype)
-        sft = aggregate(-logprob, sft_mask, cfg.agg_mode, counts)
+        sft = aggregate(-logprob, sft_mask, cfg.agg_mode, counts, cfg.norm_length)
         total = total + cfg.sft_loss_coef * sft
-        metrics["actor/sft_loss"] = float(sft)
-    if cfg.l2 and params:
-        total = total + cfg.l2 * sum((p.float() ** 2).sum() for p in params)
-    metrics["actor/loss"] = float(total)
+        metrics["actor/sft_loss"] = float(sft.detach())
+    metrics["actor/loss"] = float(total.detach())
     return total, metrics

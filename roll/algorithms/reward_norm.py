@@ -1,9 +1,15 @@
-"""Reward normalisation and shaping, before advantages.
+"""Reward normalisation, before advantages: one pass, with a scope for the mean and one for the std.
 
-Agentic grouping (``reward_normalization``): rows are normalised within groups (GRPO groups by
-``traj_group_id``, env ``tags``, the whole ``batch``, step-level ``state`` groups, or any per-row
-key mapped to ids by ``masked.group_ids``) with ``method`` identity | mean | mean_std | asym_clip.
-A group of one, or one with zero variance, yields 0 for mean/mean_std/asym_clip, never NaN.
+A scope is where a statistic is taken: ``batch`` (all rows), ``group`` (rows sharing a group id:
+a GRPO group, an env tag, a state), ``running`` (running statistics over every batch so far), or
+``None`` (the mean is not subtracted / the std does not divide). ``normalize_scores`` computes
+``(x - mean) / (std + 1e-6)`` with each statistic from its own scope. A group of one, or a scope
+whose std is (numerically) zero, carries no signal and gives exactly 0, never NaN.
+
+The agentic ``reward_normalization.method`` names map onto scopes with ``method_scopes``:
+identity -> (None, None), mean -> (scope, None), mean_std and asym_clip -> (scope, scope), where the
+scope is ``batch`` for ``grouping: batch`` and ``group`` otherwise; asym_clip then clips the result
+to ASYM_CLIP_RANGE.
 """
 
 from __future__ import annotations
@@ -12,29 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
-from roll.algorithms.masked import EPS, group_stats
+from roll.algorithms.masked import group_stats
 
 NORM_METHODS = ("identity", "mean", "mean_std", "asym_clip")
+NORM_SCOPES = ("batch", "group", "running")
 ASYM_CLIP_RANGE = (-1.0, 3.0)  # asym_clip bounds penalties more tightly than rewards
-
-
-def normalize_in_groups(scores: torch.Tensor, groups: torch.Tensor, method: str) -> torch.Tensor:
-    """Normalise per-row scores within their groups."""
-    if method not in NORM_METHODS:
-        raise ValueError(f"unknown normalisation method {method!r}; use one of {NORM_METHODS}")
-    if method == "identity":
-        return scores.clone()
-    dtype = scores.dtype
-    scores = scores.double()
-    mean, std, count = group_stats(scores, groups)
-    centered = torch.where(count > 1, scores - mean, torch.zeros_like(scores))
-    if method == "mean":
-        return centered.to(dtype)
-    # A (numerically) constant group carries no signal: its advantage is exactly 0.
-    out = torch.where(std > 1e-8, centered / (std + 1e-6), torch.zeros_like(centered))
-    if method == "asym_clip":
-        out = out.clamp(*ASYM_CLIP_RANGE)
-    return out.to(dtype)
+STD_EPS = 1e-6  # added to the std; a std at or below it counts as zero
 
 
 @dataclass
@@ -50,8 +39,8 @@ class RunningMeanStd:
         n = float(x.numel())
         if n == 0:
             return RunningMeanStd(self.mean, self.var, self.count)
-        b_mean = float(x.mean())
-        b_var = float(x.var(unbiased=False))
+        b_mean = float(x.double().mean())
+        b_var = float(x.double().var(unbiased=False))
         total = self.count + n
         delta = b_mean - self.mean
         mean = self.mean + delta * n / total
@@ -59,44 +48,95 @@ class RunningMeanStd:
         return RunningMeanStd(mean, m2 / total, total)
 
 
-def normalize_rewards(
+@dataclass(frozen=True)
+class NormSpec:
+    """Which statistics normalise the scores, and an optional clip of the result."""
+
+    mean_scope: str | None = None
+    std_scope: str | None = None
+    clip: tuple[float, float] | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.mean_scope is not None or self.std_scope is not None or self.clip is not None
+
+    @property
+    def uses_groups(self) -> bool:
+        return "group" in (self.mean_scope, self.std_scope)
+
+
+def method_scopes(method: str, grouping: str) -> NormSpec:
+    """The scopes a ``reward_normalization.method`` stands for under ``grouping``."""
+    if method not in NORM_METHODS:
+        raise ValueError(f"unknown normalisation method {method!r}; use one of {NORM_METHODS}")
+    scope = "batch" if grouping == "batch" else "group"
+    if method == "identity":
+        return NormSpec()
+    if method == "mean":
+        return NormSpec(scope, None)
+    return NormSpec(scope, scope, ASYM_CLIP_RANGE if method == "asym_clip" else None)
+
+
+def normalize_scores(
     scores: torch.Tensor,
-    *,
-    reward_norm: str | None = None,
+    spec: NormSpec,
     groups: torch.Tensor | None = None,
     running: RunningMeanStd | None = None,
-    reward_shift: bool = False,
-    reward_scale: bool = False,
-    reward_clip: float | None = None,
 ) -> tuple[torch.Tensor, RunningMeanStd | None]:
-    """Scope-based normalisation (``reward_norm``: batch | group | running | None).
+    """Normalise per-row ``scores`` as ``spec`` says; returns them with the updated running stats.
 
-    ``reward_shift`` only subtracts the mean; ``reward_scale`` only divides by the std (both off:
-    both applied). ``reward_clip`` clips the result to [-c, c]. Returns the new scores and the
-    updated running statistics (for ``running``)."""
-    out = scores.clone()
+    Computed in float64, so equal values give exactly zero deviations; returned in the input dtype."""
+    for scope in (spec.mean_scope, spec.std_scope):
+        if scope is not None and scope not in NORM_SCOPES:
+            raise ValueError(f"unknown normalisation scope {scope!r}; use one of {NORM_SCOPES} or None")
+    if spec.uses_groups and groups is None:
+        raise ValueError("a 'group' scope needs per-row group ids")
+    dtype = scores.dtype
+    x = scores.double()
+    n = x.numel()
     new_running = running
-    if reward_norm is not None:
-        if reward_norm == "batch":
-            mean = out.mean().expand_as(out)
-            std = out.std().expand_as(out) if out.numel() > 1 else torch.zeros_like(out)
-        elif reward_norm == "group":
-            if groups is None:
-                raise ValueError("reward_norm='group' needs per-row group ids")
-            mean, std, count = group_stats(out, groups)
-            mean = torch.where(count > 1, mean, out)  # a group of one normalises to 0
-        elif reward_norm == "running":
-            new_running = (running or RunningMeanStd()).update(out)
-            mean = torch.full_like(out, new_running.mean)
-            std = torch.full_like(out, new_running.var**0.5)
-        else:
-            raise ValueError(f"unknown reward_norm {reward_norm!r}; use batch, group, running or null")
-        do_shift = reward_shift or not reward_scale
-        do_scale = reward_scale or not reward_shift
-        if do_shift:
-            out = out - mean
-        if do_scale:
-            out = out / (std + EPS)
-    if reward_clip is not None:
-        out = out.clamp(-reward_clip, reward_clip)
-    return out, new_running
+    if "running" in (spec.mean_scope, spec.std_scope):
+        new_running = (running or RunningMeanStd()).update(x)
+    g_mean, g_std, g_count = group_stats(x, groups) if spec.uses_groups else (None, None, None)
+
+    def stat(scope: str | None, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(statistic per row, whether it carries signal per row) for one scope."""
+        signal = torch.ones_like(x, dtype=torch.bool)
+        if scope == "batch":
+            if kind == "mean":
+                return x.mean().expand_as(x), signal
+            std = x.std() if n > 1 else torch.zeros((), dtype=x.dtype)
+            return std.expand_as(x), (std > STD_EPS).expand_as(x) if n > 1 else ~signal
+        if scope == "group":
+            assert g_mean is not None and g_std is not None and g_count is not None
+            if kind == "mean":
+                return g_mean, g_count > 1
+            return g_std, (g_std > STD_EPS) & (g_count > 1)
+        assert scope == "running" and new_running is not None
+        value = new_running.mean if kind == "mean" else new_running.var**0.5
+        ok = new_running.count > 1 and (kind == "mean" or value > STD_EPS)
+        return torch.full_like(x, value), signal if ok else ~signal
+
+    out = x
+    carries = torch.ones_like(x, dtype=torch.bool)
+    if spec.mean_scope is not None:
+        mean, ok = stat(spec.mean_scope, "mean")
+        out = out - mean
+        carries &= ok
+    if spec.std_scope is not None:
+        std, ok = stat(spec.std_scope, "std")
+        out = out / (std + STD_EPS)
+        carries &= ok
+    out = torch.where(carries, out, torch.zeros_like(out))
+    if spec.clip is not None:
+        out = out.clamp(*spec.clip)
+    return out.to(dtype), new_running
+
+
+def singleton_share(groups: torch.Tensor) -> float:
+    """Share of groups that hold a single row (their normalised score is 0: no learning signal)."""
+    if groups.numel() == 0:
+        return 0.0
+    counts = torch.bincount(groups)
+    counts = counts[counts > 0]
+    return float((counts == 1).sum()) / float(len(counts))

@@ -41,7 +41,7 @@ ALIASES: dict[type, dict[str, str]] = {
 class BuildReport:
     """What the builder accepted without effect (ROLL keys) and which helper keys it skipped."""
 
-    no_effect: list[str] = dataclasses.field(default_factory=list)
+    no_effect: dict[str, str] = dataclasses.field(default_factory=dict)  # key path -> why
     helper_keys: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -75,7 +75,7 @@ def _build_dataclass(cls: type, data: Any, path: str, report: BuildReport, helpe
                 raise ConfigError(key_path, f"given twice (as {name!r} and its alias {key!r})")
             kwargs[name] = _convert(hints[name], value, key_path, report)
         elif key in NO_EFFECT.get(section, {}):
-            report.no_effect.append(key_path)
+            report.no_effect[key_path] = NO_EFFECT[section][key]
         elif not path and key in helpers:
             report.helper_keys.append(key)
         else:

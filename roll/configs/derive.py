@@ -37,6 +37,7 @@ def finalize(cfg: schema.PipelineConfig) -> schema.PipelineConfig:
     """Return a copy of ``cfg`` with every derived value filled in and all cross-key rules checked."""
     cfg = dataclasses.replace(cfg)  # shallow copy; nested parts are replaced below, never mutated
     _positive(cfg)
+    _check_training_meaning(cfg)
     cfg.sequence_length = _sequence_length(cfg)
     for role in schema.ROLES:
         worker = getattr(cfg, role)
@@ -58,6 +59,11 @@ def train_batch_size(cfg: schema.PipelineConfig) -> int:
 def needs_reference(cfg: schema.PipelineConfig) -> bool:
     """The reference role runs when a KL term needs its log-probs (or it is asked for)."""
     return cfg.enable_reference or cfg.use_kl_loss or (cfg.add_token_level_kl and cfg.init_kl_coef > 0)
+
+
+def dual_clip_constant(cfg: schema.PipelineConfig) -> float:
+    """The dual-clip bound c: dual_clip_c, or ROLL's 1 + 2 x pg_clip when unset."""
+    return cfg.dual_clip_c if cfg.dual_clip_c is not None else 1.0 + 2.0 * cfg.pg_clip
 
 
 def needs_critic(cfg: schema.PipelineConfig) -> bool:
@@ -84,20 +90,44 @@ def global_train_batch_size(worker: schema.WorkerConfig) -> int:
     return ta.per_device_train_batch_size * ta.gradient_accumulation_steps * (worker.world_size or 1)
 
 
-def optimizer_steps_per_rollout(cfg: schema.PipelineConfig, role: str = "actor_train") -> int:
-    """Optimizer steps one training batch gives per PPO epoch (the last mini-batch may be smaller)."""
-    return math.ceil(train_batch_size(cfg) / global_train_batch_size(getattr(cfg, role)))
-
-
 def _positive(cfg: schema.PipelineConfig) -> None:
     for name in ("rollout_batch_size", "num_return_sequences_in_group", "ppo_epochs", "logging_steps", "prompt_length"):
         if getattr(cfg, name) < 1:
             raise ConfigError(name, f"must be >= 1, got {getattr(cfg, name)}")
-    if cfg.max_steps < 1 and cfg.max_steps != -1:
-        raise ConfigError("max_steps", f"must be >= 1 (or -1 for no limit), got {cfg.max_steps}")
+    if cfg.max_steps < 1:
+        raise ConfigError("max_steps", f"must be >= 1 (the number of pipeline steps to run), got {cfg.max_steps}")
     for name in ("save_steps", "eval_steps", "val_batch_size"):
         if getattr(cfg, name) < 0:
             raise ConfigError(name, f"must be >= 0, got {getattr(cfg, name)}")
+
+
+def agentic_norm_active(norm: schema.RewardNormalizationConfig) -> bool:
+    return norm.method != "identity" or norm.norm_mean_type is not None or norm.norm_std_type is not None
+
+
+def scope_norm_active(cfg: schema.PipelineConfig) -> bool:
+    return cfg.reward_norm is not None or cfg.norm_mean_type is not None or cfg.norm_std_type is not None
+
+
+def _check_training_meaning(cfg: schema.PipelineConfig) -> None:
+    """Values that would change the loss, the data or the model if accepted and then not honoured."""
+    for key in ("kl_penalty", "kl_loss_type"):
+        if getattr(cfg, key) == "full":
+            raise ConfigError(key, "'full' (the KL over the whole vocabulary) needs the policy's and the reference's "
+                                   "logits at every token, which the workers do not exchange; use kl, mse or low_var_kl")
+    if cfg.l2 != 0.0:
+        raise ConfigError("l2", "no L2 term is added to the loss here (ROLL defines the key but does not apply it "
+                                "either); use actor_train.training_args.weight_decay")
+    if cfg.dual_clip_loss and dual_clip_constant(cfg) <= 1.0:
+        raise ConfigError("dual_clip_c", f"the dual-clip constant must be > 1, got {dual_clip_constant(cfg)}")
+    if agentic_norm_active(cfg.reward_normalization) and scope_norm_active(cfg):
+        raise ConfigError("reward_norm", "two reward normalisations are configured (reward_normalization and the "
+                                         "top-level reward_norm / norm_mean_type / norm_std_type); keep one")
+    for role in schema.ROLES:
+        worker = getattr(cfg, role)
+        if worker is not None and worker.generating_args.num_beams != 1:
+            raise ConfigError(f"{role}.generating_args.num_beams", "beam search is not used for RL rollouts; "
+                                                                    f"only 1 is accepted, got {worker.generating_args.num_beams}")
 
 
 def _sequence_length(cfg: schema.PipelineConfig) -> int:
@@ -208,6 +238,8 @@ def _finalize_env_manager(cfg: schema.PipelineConfig, name: str, batch: int) -> 
     for key in ("num_env_groups", "group_size"):
         if getattr(em, key) < 1:
             raise ConfigError(f"{name}.{key}", f"must be >= 1, got {getattr(em, key)}")
+    if em.group_size_redundancy < 0:
+        raise ConfigError(f"{name}.group_size_redundancy", f"must be >= 0, got {em.group_size_redundancy}")
     if not em.tags:
         raise ConfigError(f"{name}.tags", "must name at least one env tag from custom_envs")
     for i, tag in enumerate(em.tags):

@@ -35,8 +35,15 @@ _HEADER = """# Configuration reference
 
 Generated from `roll/configs/schema.py` by `python -m roll.configs.docs` (a test checks that this
 file matches the schema). Keys follow ROLL's configuration guide; each is accepted with that
-meaning. Keys whose feature is accepted but not wired into a running part yet say so in the
-Status column.
+meaning. The Status column says, for every key, whether it is wired (it does what the Meaning
+column says) or has no effect here, and why. Loading a config that sets a key without effect to a
+non-default value prints one warning naming every such key; the same warning names role keys a
+role does not read (`generating_args` outside actor_infer, `training_args` outside actor_train and
+critic, `model_update_frequency` outside actor_train), role sections that are not started (a
+critic without `adv_estimator: gae`, a reference without a KL term, `reward`), and `prompt_length`
+/ `response_length` when `sequence_length` is set. A value that would change the loss, the data or
+the model and is not honoured is an error at load instead (`l2` other than 0, `kl_penalty: full`,
+`num_beams` above 1, two reward normalisations at once).
 
 Loading: `examples/start_agentic_pipeline.py --config_path DIR --config_name NAME [key=value ...]`
 composes the YAML with Hydra (`defaults:` pieces, `${...}` interpolation, overrides), checks every key
@@ -73,7 +80,8 @@ def render_markdown() -> str:
             help_text = f.metadata.get("help", "")
             if f.name in aliases:
                 help_text += f" Alias: `{aliases[f.name]}`."
-            status = f.metadata.get("status", "")
+            inert = f.metadata.get("inert")
+            status = f"no effect: {inert}" if inert else "wired"
             out.append(
                 f"| `{key}` | {_type_text(typing.get_type_hints(cls)[f.name])} | {_default_text(f)} | "
                 f"{_cell(help_text)} | {status} |"

@@ -17,6 +17,11 @@ class ConfigError(ValueError):
         self.message = message
         super().__init__(f"{path}: {message}" if path else message)
 
+    def __reduce__(self) -> tuple:
+        # Ray (and pickle) rebuild an exception from its args: keep both, so an error raised inside a
+        # worker reaches the driver as the same ConfigError.
+        return (type(self), (self.path, self.message))
+
 
 def nearest(name: str, candidates: Iterable[str]) -> str | None:
     """The closest candidate to a mistyped key, or None when nothing is close."""

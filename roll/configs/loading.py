@@ -18,6 +18,7 @@ from typing import Any
 from roll.configs import schema
 from roll.configs.build import BuildReport, build_config
 from roll.configs.derive import finalize
+from roll.configs.effects import inert_settings
 from roll.configs.errors import ConfigError, nearest
 
 DEFAULT_CONFIG_DIR = Path(__file__).resolve().parents[2] / "examples" / "config"
@@ -30,15 +31,15 @@ class LoadedConfig:
     config: schema.PipelineConfig
     config_dir: Path
     config_name: str
-    no_effect_keys: list[str]  # ROLL keys accepted without effect (one warning names them all)
+    inert: dict[str, str]  # key path -> why it has no effect in this run (one warning names them all)
     helper_keys: list[str]  # top-level interpolation sources / shared-piece keys that are not config keys
 
     def warning(self) -> str | None:
-        """The one warning line about ROLL keys that have no effect here, or None."""
-        if not self.no_effect_keys:
+        """The one warning line naming every key set without effect, with the reason, or None."""
+        if not self.inert:
             return None
-        keys = ", ".join(sorted(set(self.no_effect_keys)))
-        return f"ROLL keys accepted without effect here (see docs/config.md): {keys}"
+        keys = "; ".join(f"{k} ({why})" for k, why in sorted(self.inert.items()))
+        return f"keys without effect in this run (see docs/config.md): {keys}"
 
 
 def resolve_config_dir(config_path: str | os.PathLike[str] | None, search_roots: Sequence[Path] = ()) -> Path:
@@ -87,7 +88,8 @@ def load_config(
     helpers = _helper_keys(composed, primary, overrides)
     cfg = build_config(data, allowed_helper_keys=helpers, report=report)
     cfg = finalize(cfg)
-    return LoadedConfig(cfg, config_dir, config_name, report.no_effect, report.helper_keys)
+    inert = {**report.no_effect, **inert_settings(cfg)}
+    return LoadedConfig(cfg, config_dir, config_name, inert, report.helper_keys)
 
 
 def _compose(config_dir: Path, config_name: str, overrides: Sequence[str]) -> Any:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 ORDER_KEY = "_row_order"  # meta key holding the original row indices of a split chunk
+PADDING_ROW = -1  # the order index of a padding row (see split_equal)
 
 
 @dataclass
@@ -113,15 +114,39 @@ class Batch:
             chunks.append(chunk)
         return chunks
 
+    def split_equal(self, n: int) -> list[Batch]:
+        """``split`` into ``n`` chunks of exactly equal row counts: the shorter chunks get copies of a
+        row that carry ``response_mask`` 0 (no loss, no token count) and are dropped by ``gather``.
+        Data-parallel ranks then run the same number of micro-batches and optimizer steps, so their
+        collectives always meet."""
+        chunks = self.split(n)
+        rows = max((len(c) for c in chunks), default=0)
+        if all(len(c) == rows for c in chunks):
+            return chunks
+        base = self if "response_mask" in self else self | Batch({"response_mask": self.tensors["attention_mask"].clone()})
+        filler = base.select([0])
+        filler.tensors["response_mask"] = torch.zeros_like(filler.tensors["response_mask"])
+        out = []
+        for chunk in base.split(n):  # the same partition as above: it depends on the token counts only
+            missing = rows - len(chunk)
+            if missing:
+                order = [*chunk.meta[ORDER_KEY], *([PADDING_ROW] * missing)]
+                chunk = Batch.concat([chunk] + [filler] * missing)
+                chunk.meta[ORDER_KEY] = order
+            out.append(chunk)
+        return out
+
     @staticmethod
     def gather(chunks: Sequence[Batch]) -> Batch:
-        """Concatenate chunks from ``split`` back into the original row order."""
+        """Concatenate chunks from ``split`` back into the original row order (padding rows dropped)."""
         order = [i for c in chunks for i in c.meta.get(ORDER_KEY, [])]
         merged = Batch.concat(chunks)
         if len(order) != len(merged):
             return merged  # chunks were not made by split: keep their order
-        inverse = np.empty(len(order), dtype=np.int64)
-        inverse[np.asarray(order)] = np.arange(len(order))
+        order_arr = np.asarray(order, dtype=np.int64)
+        real = np.nonzero(order_arr != PADDING_ROW)[0]
+        inverse = np.empty(len(real), dtype=np.int64)
+        inverse[order_arr[real]] = real
         return merged.select(inverse)
 
     def group_by(self, key: str) -> dict[Hashable, Batch]:

@@ -1,7 +1,8 @@
 """A Cluster: one role's Ray actors, called by the driver as one object (single controller).
 
 ``call`` runs a method on every rank with the same arguments; ``dispatch`` splits a Batch over
-the data-parallel ranks (balanced by tokens) and gathers the result back in row order. Every
+the data-parallel ranks (balanced by tokens, equal row counts: shorter parts are padded with rows of
+zero loss weight) and gathers the result back in row order. Every
 call is bounded by ``rpc_timeout``; a dead worker or a timeout raises an error naming the role,
 the rank and the method.
 """
@@ -100,7 +101,7 @@ class Cluster:
         if self._layout is None:
             self._layout = self.call("data_parallel_info")
         dp_size, collectors = plan_dispatch(self._layout)
-        parts = batch.split(dp_size)
+        parts = batch.split_equal(dp_size)
         refs = [getattr(w, method).remote(parts[dp_rank], *args, **kwargs)
                 for w, (dp_rank, _, _) in zip(self.workers, self._layout)]
         results = [self._get(ref, rank, method) for rank, ref in enumerate(refs)]

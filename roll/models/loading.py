@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from roll.models.logprobs import values_before_tokens
 from roll.models.resolve import ensure_hf_folder
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -44,7 +45,9 @@ def load_causal_lm(model_args: Any) -> torch.nn.Module:
 
 
 class ValueModel(torch.nn.Module):
-    """The LM's transformer body with a scalar head: one value per token (the critic)."""
+    """The LM's transformer body with a scalar head (the critic): ``forward`` returns, for each token
+    t, the value of the state before it, V(x_<t) (see ``values_before_tokens``), aligned with the
+    log-probs and the response mask."""
 
     def __init__(self, body: torch.nn.Module, hidden_size: int) -> None:
         super().__init__()
@@ -56,7 +59,7 @@ class ValueModel(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
         hidden = self.body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
-        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+        return values_before_tokens(self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1))
 
     def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
         self.body.gradient_checkpointing_enable(**kwargs)

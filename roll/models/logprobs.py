@@ -1,7 +1,8 @@
 """Token log-probs and entropies from a causal LM: the one implementation every backend uses.
 
 Row convention: ``logprobs[:, t]`` is log p(x_t | x_<t) for t >= 1 (0 at t = 0), aligned with
-``input_ids`` and ``response_mask``; computed in fp32.
+``input_ids`` and ``response_mask``; computed in fp32. Values follow the same convention: the value
+used at t is V(x_<t), read from the hidden state of position t - 1, so it never sees token t.
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ def shifted_entropy(logits: torch.Tensor) -> torch.Tensor:
     logits = logits[:, :-1].float()
     logp = torch.log_softmax(logits, dim=-1)
     return torch.nn.functional.pad(-(logp.exp() * logp).sum(-1), (1, 0))
+
+
+def values_before_tokens(per_position: torch.Tensor) -> torch.Tensor:
+    """[B, T] values aligned with the tokens they judge: entry t is the head's output at position
+    t - 1 (the state before token t); t = 0 has no state before it and gets 0."""
+    return torch.nn.functional.pad(per_position[:, :-1], (1, 0))
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ class StrategyContext:
     world_size: int = 1
     seed: int = 42
     max_grad_norm: float = 1.0
-    total_steps: int = 1000  # optimizer steps the LR schedule spans
+    train_calls: int = 1000  # train_step calls the run makes on this role (the LR schedule spans them)
     colocated: bool = False  # shares devices with another role (GPU engines then free memory between phases)
     max_sequence_length: int | None = None  # prompt + response tokens (engines size their KV cache by it)
 
@@ -89,13 +89,13 @@ class ForwardOutput:
         return self._entropy
 
 
-def mini_batches(batch: Batch, training_args: Any, epochs: int) -> Iterator[Batch]:
+def mini_batches(batch: Batch, training_args: Any, epochs: int) -> list[Batch]:
     """``epochs`` passes over ``batch`` in mini-batches of per_device x grad_accum rows (one optimizer
-    step each; the last may be smaller)."""
+    step each; the last may be smaller). Every data-parallel rank holds as many rows (the dispatch pads
+    with zero-weight rows), so every rank runs as many steps and micro-batches."""
     mini = training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps
-    for _ in range(epochs):
-        for start in range(0, len(batch), mini):
-            yield batch.select(range(start, min(len(batch), start + mini)))
+    return [batch.select(range(start, min(len(batch), start + mini)))
+            for _ in range(epochs) for start in range(0, len(batch), mini)]
 
 
 def loss_mask_key(batch: Batch) -> str:
@@ -103,27 +103,54 @@ def loss_mask_key(batch: Batch) -> str:
     return "response_mask" if "response_mask" in batch else "attention_mask"
 
 
+def set_lr(optimizer: Any, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
 @dataclass
 class StepStats:
-    """What a train_step reports: loss metrics averaged over micro-batches, grad norm averaged over
-    optimizer steps (steps that reported none are left out), the lr and the number of steps."""
+    """What a train_step reports. Loss metrics arrive per micro-batch as parts of their mini-batch's
+    global value (normalised by global counts), so they are summed per optimizer step, averaged over
+    steps and summed over data-parallel ranks (``reduce``): each equals the metric of the whole global
+    batch, however it was cut. Grad norm: averaged over the steps that reported one; lr: the one the
+    last step used."""
 
     sums: dict[str, float] = field(default_factory=dict)
-    micro_batches: int = 0
     grad_norms: list[float] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)
 
     def add_micro(self, metrics: dict[str, Any]) -> None:
         for k, v in metrics.items():
             self.sums[k] = self.sums.get(k, 0.0) + float(v)
-        self.micro_batches += 1
 
-    def summary(self, prefix: str, lr: float) -> dict[str, float]:
-        out = {k: v / max(self.micro_batches, 1) for k, v in self.sums.items()}
+    def add_step(self, grad_norm: float | None, lr: float) -> None:
+        self.grad_norms.append(float(grad_norm) if grad_norm is not None else float("nan"))
+        self.lrs.append(float(lr))
+
+    def summary(self, prefix: str, reduce: Callable[[list[float]], list[float]] | None = None) -> dict[str, float]:
+        steps = max(len(self.grad_norms), 1)
+        keys = sorted(self.sums)
+        values = [self.sums[k] / steps for k in keys]
+        if reduce is not None and keys:
+            values = reduce(values)
+        out = dict(zip(keys, values))
         reported = [n for n in self.grad_norms if not math.isnan(n)]
         out[f"{prefix}/grad_norm"] = sum(reported) / len(reported) if reported else (float("nan") if self.grad_norms else 0.0)
-        out[f"{prefix}/lr"] = float(lr)
+        out[f"{prefix}/lr"] = self.lrs[-1] if self.lrs else 0.0
         out[f"{prefix}/optimizer_steps"] = float(len(self.grad_norms))
         return out
+
+
+def dp_sum(device: torch.device, group: Any = None) -> Callable[[list[float]], list[float]]:
+    """Sum a list of floats over the data-parallel ranks of ``group``."""
+
+    def reduce(values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(t, group=group)
+        return t.tolist()
+
+    return reduce
 
 
 def global_counts(mask: torch.Tensor, device: torch.device, group: Any = None, world_size: int = 1) -> Any:
@@ -135,10 +162,11 @@ def global_counts(mask: torch.Tensor, device: torch.device, group: Any = None, w
     local = torch.tensor([float(mask.sum()), float((mask.sum(-1) > 0).sum())], dtype=torch.float64, device=device)
     if world_size > 1:
         torch.distributed.all_reduce(local, group=group)
-    return GlobalCounts(tokens=float(local[0]), seqs=float(local[1]), norm_length=float(mask.shape[-1]))
+    return GlobalCounts(tokens=float(local[0]), seqs=float(local[1]))
 
 
-# loss_fn(micro_batch, forward_output, counts) -> (loss, metrics)
+# loss_fn(micro_batch, forward_output, counts) -> (loss, metrics); the loss and every metric are this
+# micro-batch's part of the global-batch value (normalised by ``counts``), so parts add up.
 LossFn = Callable[[Batch, ForwardOutput, Any], tuple[torch.Tensor, dict[str, float]]]
 
 

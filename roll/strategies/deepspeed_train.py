@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import gc
 import logging
-import math
 import os
 import random
 from collections.abc import Iterator
@@ -34,10 +33,13 @@ from roll.strategies.base import (
     StepStats,
     StrategyContext,
     TrainStrategy,
+    dp_sum,
     global_counts,
     loss_mask_key,
     mini_batches,
+    set_lr,
 )
+from roll.strategies.lr_schedule import LRSchedule
 
 log = logging.getLogger(__name__)
 
@@ -75,20 +77,6 @@ def fill_ds_config(ds: dict[str, Any] | None, training_args: Any, world_size: in
     return cfg
 
 
-def lr_lambda(schedule: str, warmup: int, total: int):
-    def fn(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if schedule in ("constant", "constant_with_warmup"):
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        if schedule == "linear":
-            return max(0.0, 1.0 - progress)
-        return 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
-
-    return fn
-
-
 class DeepSpeedTrainStrategy(TrainStrategy):
     def __init__(self, worker_config: Any, context: StrategyContext | None = None) -> None:
         context = context or StrategyContext()
@@ -96,7 +84,7 @@ class DeepSpeedTrainStrategy(TrainStrategy):
         self.role = context.role
         self.seed = context.seed
         self.max_grad_norm = context.max_grad_norm
-        self.total_steps = context.total_steps
+        self.train_calls = context.train_calls
         self.world_size = context.world_size
         self.rank = context.rank
         self.is_critic = worker_config.model_args.model_type == "value" or self.role == "critic"
@@ -125,14 +113,14 @@ class DeepSpeedTrainStrategy(TrainStrategy):
         ta = self.config.training_args
         optimizer = torch.optim.AdamW(model.parameters(), lr=ta.learning_rate, betas=(ta.adam_beta1, ta.adam_beta2),
                                       eps=ta.adam_epsilon, weight_decay=ta.weight_decay)
-        warmup = ta.warmup_steps or int(ta.warmup_ratio * self.total_steps)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(ta.lr_scheduler_type, warmup, self.total_steps))
+        # the schedule sets each step's lr itself (its length follows what this role really runs)
+        self.schedule = LRSchedule(ta.lr_scheduler_type, ta.learning_rate, self.train_calls, ta.warmup_steps, ta.warmup_ratio)
         hidden = _hidden_size(model)
         ds_config = fill_ds_config(self.config.strategy_args.strategy_config, ta, self.world_size,
                                    model_args.dtype, self.max_grad_norm, hidden)
         self.zero_stage = int(ds_config["zero_optimization"].get("stage", 0))
-        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config, dist_init_required=False
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=ds_config, dist_init_required=False
         )
 
     # --- forward passes
@@ -169,12 +157,14 @@ class DeepSpeedTrainStrategy(TrainStrategy):
     # --- training
     def train_step(self, batch: Batch, loss_fn: LossFn, epochs: int = 1) -> dict[str, float]:
         """``epochs`` passes over ``batch`` in mini-batches of per_device x grad_accum rows, one
-        optimizer step per mini-batch. Returns metrics averaged over micro-batches."""
+        optimizer step per mini-batch. Returns the metrics of the whole global batch (see StepStats)."""
         micro = self.config.training_args.per_device_train_batch_size
         self.engine.train()
         stats = StepStats()
         mask_key = loss_mask_key(batch)
-        for mini_batch in mini_batches(batch, self.config.training_args, epochs):
+        minis = mini_batches(batch, self.config.training_args, epochs)
+        self.schedule.plan(len(minis))
+        for mini_batch in minis:
             counts = global_counts(mini_batch[mask_key], self.device, world_size=self.world_size)
             parts = list(range(0, len(mini_batch), micro))
             for j, m_start in enumerate(parts):
@@ -184,11 +174,16 @@ class DeepSpeedTrainStrategy(TrainStrategy):
                 self.engine.set_gradient_accumulation_boundary(j == len(parts) - 1)
                 self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
                 stats.add_micro(metrics)
+            lr = self.schedule.lr()
+            set_lr(self.engine.optimizer, lr)
             before = self._grad_norm_before_step()
             self.engine.step()
+            self.schedule.step_taken()
             norm = before if before is not None else self.engine.get_global_grad_norm()
-            stats.grad_norms.append(float(norm) if norm is not None else float("nan"))
-        return stats.summary("critic" if self.is_critic else "actor", self.scheduler.get_last_lr()[0])
+            stats.add_step(float(norm) if norm is not None else None, lr)
+        self.schedule.call_done()
+        reduce = dp_sum(self.device) if self.world_size > 1 else None
+        return stats.summary("critic" if self.is_critic else "actor", reduce)
 
     def _grad_norm_before_step(self) -> float | None:
         """Without ZeRO, DeepSpeed does not report the norm: take it from the gradients (before clipping)."""
@@ -235,14 +230,16 @@ class DeepSpeedTrainStrategy(TrainStrategy):
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         }
-        self.engine.save_checkpoint(path, tag=self.role, client_state={"rng": rng}, save_latest=False)
+        self.engine.save_checkpoint(path, tag=self.role, client_state={"rng": rng, "lr_schedule": self.schedule.state_dict()},
+                                    save_latest=False)
 
     def load_checkpoint(self, path: str) -> None:
         if not os.path.isdir(os.path.join(path, self.role)):  # DeepSpeed would fail with a bare assert
             raise FileNotFoundError(f"no {self.role} checkpoint in {path}")
-        _, client = self.engine.load_checkpoint(path, tag=self.role, load_optimizer_states=True, load_lr_scheduler_states=True)
+        _, client = self.engine.load_checkpoint(path, tag=self.role, load_optimizer_states=True, load_lr_scheduler_states=False)
         if client is None:
             raise FileNotFoundError(f"no {self.role} checkpoint in {path}")
+        self.schedule.load_state_dict(client["lr_schedule"])
         rng = client["rng"]
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])

@@ -35,6 +35,7 @@ import torch
 
 from roll.configs.strategy_configs import check_megatron_model, parse_strategy_config
 from roll.distributed.batch import Batch
+from roll.models.logprobs import values_before_tokens
 from roll.models.megatron_convert import (
     ParallelRank,
     hf_to_megatron,
@@ -51,11 +52,13 @@ from roll.strategies.base import (
     StepStats,
     StrategyContext,
     TrainStrategy,
+    dp_sum,
     global_counts,
     loss_mask_key,
     mini_batches,
+    set_lr,
 )
-from roll.strategies.deepspeed_train import lr_lambda
+from roll.strategies.lr_schedule import LRSchedule
 from roll.strategies.megatron_math import (
     cp_positions,
     gather_positions,
@@ -101,7 +104,7 @@ class MegatronTrainStrategy(TrainStrategy):
         self.is_critic = worker_config.model_args.model_type == "value" or self.role == "critic"
         self.model: list[Any] = []
         self.optimizer: Any = None
-        self.steps = 0
+        self.schedule: LRSchedule | None = None
         self._sizes: list[tuple[str, int]] | None = None
 
     # --- set-up
@@ -209,9 +212,8 @@ class MegatronTrainStrategy(TrainStrategy):
             clip_grad=self.context.max_grad_norm, bf16=config.bf16, fp16=config.fp16, params_dtype=config.params_dtype,
             use_distributed_optimizer=mc.use_distributed_optimizer)
         self.optimizer = get_megatron_optimizer(opt_config, self.model)
-        warmup = ta.warmup_steps or int(ta.warmup_ratio * self.context.total_steps)
-        self.lr_at = lr_lambda(ta.lr_scheduler_type, warmup, self.context.total_steps)
-        self.base_lr = ta.learning_rate
+        self.schedule = LRSchedule(ta.lr_scheduler_type, ta.learning_rate, self.context.train_calls, ta.warmup_steps,
+                                   ta.warmup_ratio)
 
     # --- data layout
     @property
@@ -268,15 +270,14 @@ class MegatronTrainStrategy(TrainStrategy):
             width = part["input_ids"].shape[1]
             cp_group = ps.get_context_parallel_group() if cp > 1 else None
 
-            def to_rows(per_position: torch.Tensor, shift: bool) -> torch.Tensor:
-                full = gather_positions(per_position, positions, seq, cp_group)
-                if shift:  # value at t predicts t+1 -> our convention: log p(x_t | x_<t) at t
-                    full = torch.nn.functional.pad(full[:, :-1], (1, 0))
+            def to_rows(per_position: torch.Tensor) -> torch.Tensor:
+                # position t-1's output judges token t: log p(x_t | x_<t) and V(x_<t) sit at t
+                full = values_before_tokens(gather_positions(per_position, positions, seq, cp_group))
                 full = torch.nn.functional.pad(full, (0, max(0, width - seq)))[:, :width]
                 return restore(full, t["order"], part["attention_mask"])
 
             if self.is_critic:
-                out = ForwardOutput(values=to_rows(output_tensor.squeeze(-1).float(), shift=False))
+                out = ForwardOutput(values=to_rows(output_tensor.squeeze(-1).float()))
             else:
                 tp_rank, local = ps.get_tensor_model_parallel_rank(), output_tensor.shape[-1]
                 group = ps.get_tensor_model_parallel_group()
@@ -286,9 +287,9 @@ class MegatronTrainStrategy(TrainStrategy):
                 def entropy() -> torch.Tensor:
                     _, ent = vocab_parallel_logprobs(output_tensor, labels[:, positions], tp_rank * local,
                                                      self.layout.vocab_size, group, with_entropy=True)
-                    return to_rows(ent, shift=True)
+                    return to_rows(ent)
 
-                out = ForwardOutput(logprobs=to_rows(lp, shift=True), entropy_fn=entropy)
+                out = ForwardOutput(logprobs=to_rows(lp), entropy_fn=entropy)
             if loss_fn is None:  # forward only: hand the per-row result back through the schedule
                 result = getattr(out, field).detach()
                 return torch.zeros((), device=result.device), {"result": result}
@@ -339,7 +340,10 @@ class MegatronTrainStrategy(TrainStrategy):
         mask_key = loss_mask_key(batch)
         for m in self.model:
             m.train()
-        for mini_batch in mini_batches(batch, self.config.training_args, epochs):
+        assert self.schedule is not None
+        minis = mini_batches(batch, self.config.training_args, epochs)
+        self.schedule.plan(len(minis))
+        for mini_batch in minis:
             counts = global_counts(mini_batch[mask_key], self.device, ps.get_data_parallel_group(), self.dp_size)
             for m in self.model:
                 m.zero_grad_buffer()
@@ -347,12 +351,14 @@ class MegatronTrainStrategy(TrainStrategy):
             micros, seq = self._micro_batches(mini_batch, micro)
             for metrics in self._run(micros, seq, loss_fn, counts):
                 stats.add_micro(metrics)
-            for group in self.optimizer.param_groups:
-                group["lr"] = self.base_lr * self.lr_at(self.steps)
+            lr = self.schedule.lr()
+            set_lr(self.optimizer, lr)
             ok, grad_norm, _ = self.optimizer.step()
-            self.steps += 1
-            stats.grad_norms.append(float(grad_norm) if ok and grad_norm is not None else float("nan"))
-        return stats.summary("critic" if self.is_critic else "actor", self.base_lr * self.lr_at(max(self.steps - 1, 0)))
+            self.schedule.step_taken()
+            stats.add_step(float(grad_norm) if ok and grad_norm is not None else None, lr)
+        self.schedule.call_done()
+        reduce = dp_sum(self.device, ps.get_data_parallel_group()) if self.dp_size > 1 else None
+        return stats.summary("critic" if self.is_critic else "actor", reduce)
 
     # --- weights
     def _local_chunks(self) -> list[Any]:
@@ -450,7 +456,7 @@ class MegatronTrainStrategy(TrainStrategy):
         state = {
             "model": [c.state_dict() for c in self._local_chunks()],
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
-            "steps": self.steps,
+            "lr_schedule": self.schedule.state_dict() if self.schedule is not None else None,
             "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None},
         }
@@ -473,7 +479,8 @@ class MegatronTrainStrategy(TrainStrategy):
             if self.mc.use_distributed_optimizer:
                 for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
                     opt.load_parameter_state(os.path.join(path, self.role, f"optim_params_{self._mp_id()}.pt"))
-        self.steps = int(state["steps"])
+        if self.schedule is not None:
+            self.schedule.load_state_dict(state["lr_schedule"])
         rng = state["rng"]
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])

@@ -37,7 +37,8 @@ class RoleWorker:
     def context(self) -> StrategyContext:
         s = self.settings
         return StrategyContext(role=self.role, rank=self.rank, world_size=self.world_size, seed=s.get("seed", 42),
-                               max_grad_norm=s.get("max_grad_norm", 1.0), total_steps=s.get("total_steps", 1000),
+                               max_grad_norm=s.get("max_grad_norm", 1.0),
+                               train_calls=s.get("train_calls", {}).get(self.role, 1000),
                                colocated=self.role in s.get("colocated_roles", ()),
                                max_sequence_length=s.get("sequence_length"))
 

@@ -12,10 +12,10 @@ class CriticWorker(RoleWorker):
         return Batch({"values": self.strategy.compute_values(batch)})
 
     def train_step(self, batch: Batch, value_clip: float | None = None, agg_mode: str = "token-mean",
-                   epochs: int = 1) -> dict[str, float]:
+                   epochs: int = 1, norm_length: float | None = None) -> dict[str, float]:
         def loss_fn(micro, out, counts):
             return value_loss(out.values, micro["values"], micro["returns"], micro["response_mask"].float(),
-                              clip=value_clip, agg_mode=agg_mode, counts=counts)
+                              clip=value_clip, agg_mode=agg_mode, counts=counts, norm_length=norm_length)
 
         return self.strategy.train_step(batch, loss_fn, epochs)
 

@@ -56,7 +56,7 @@ def main(args: dict[str, int]) -> None:
           "sequence_parallel": args.get("tp", 1) > 1}
     cfg = make_config(path, "megatron_train", sc, lr=3e-4, micro=2, gas=2)
     cls = default_registry().resolve("megatron_train", "actor_train")
-    strategy = cls(cfg, StrategyContext(role="actor_train", rank=rank, world_size=world, seed=1, total_steps=100))
+    strategy = cls(cfg, StrategyContext(role="actor_train", rank=rank, world_size=world, seed=1, train_calls=100))
     results: dict = {}
     with Clock() as c:
         strategy.initialize()

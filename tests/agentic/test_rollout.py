@@ -206,3 +206,27 @@ def test_render_writes_transcripts_and_frames(tok, tmp_path):
     r.collect(8, step=2)
     files = sorted(p.name for p in (tmp_path / "rollout" / "step_00002").iterdir())
     assert any(f.endswith(".txt") for f in files) and any(f.endswith(".png") for f in files)
+
+
+def test_validation_plays_the_same_levels_at_every_eval(tok):
+    """The val curve must measure the policy, not level difficulty: its episode seeds depend on the run's
+    seed only (so a resumed run keeps them), while training levels change every step."""
+    cfg = config()
+    val, _ = rollout(cfg, tok, ScriptedPolicy(tok, ANSWERS), mode="val")
+    assert [q.seed for q in val.requests(0)] == [q.seed for q in val.requests(7)]
+    train, _ = rollout(cfg, tok, ScriptedPolicy(tok, ANSWERS))
+    assert [q.seed for q in train.requests(0)] != [q.seed for q in train.requests(1)]
+    again, _ = rollout(dataclasses.replace(cfg), tok, ScriptedPolicy(tok, ANSWERS), mode="val")
+    assert [q.seed for q in again.requests(3)] == [q.seed for q in val.requests(0)]
+
+
+def test_redundant_envs_keep_whole_groups_and_are_counted(tok):
+    cfg = config("train_env_manager.group_size=2", "train_env_manager.group_size_redundancy=1", "rollout_batch_size=4")
+    r, _ = rollout(cfg, tok, ScriptedPolicy(tok, ANSWERS))
+    assert [s.group_id for s in r.slots] == [0, 0, 0, 1, 1, 1]  # group_size + 1 envs per group
+    result = r.collect(4, step=0)
+    assert len(result.batch) == 4 and result.metrics["rollout/redundant_left_out"] == 2.0
+    groups = result.batch["traj_group_id"].tolist()
+    assert sorted(groups.count(g) for g in set(groups)) == [2, 2]
+    # the kept episodes are each group's lowest-numbered envs
+    assert [t.request.slot.env_id for t in result.trajectories] == [0, 1, 3, 4]

@@ -13,7 +13,6 @@ from roll.algorithms.advantages import (
     discounted_returns,
     gae,
     gigpo_advantages,
-    grpo_advantages,
     place_on_last_token,
     postprocess_advantages,
     reinforce_plus_plus,
@@ -32,11 +31,18 @@ from roll.algorithms.losses import (
     aggregate,
     entropy_from_logits,
     ppo_policy_loss,
+    segment_mean,
     topr_policy_loss,
     value_loss,
 )
 from roll.algorithms.masked import group_ids, masked_whiten
-from roll.algorithms.reward_norm import RunningMeanStd, normalize_in_groups, normalize_rewards
+from roll.algorithms.reward_norm import (
+    NormSpec,
+    RunningMeanStd,
+    method_scopes,
+    normalize_scores,
+    singleton_share,
+)
 
 T = torch.tensor
 approx = pytest.approx
@@ -70,12 +76,20 @@ def test_gae_by_hand():
 
 
 def test_grpo_by_hand():
+    # GRPO = the configured reward normalisation (traj_group_id, mean_std) broadcast by the estimator:
     # group 0 scores 1,0,0,1: mean .5, unbiased std sqrt(4 * .25 / 3) = .57735 -> +-.86603; group 1 alone -> 0
-    adv = grpo_advantages(T([1.0, 0.0, 0.0, 1.0, 5.0]), T([0, 0, 0, 0, 1]), torch.ones(5, 2))
+    scores, groups = T([1.0, 0.0, 0.0, 1.0, 5.0]), T([0, 0, 0, 0, 1])
+    normed, _ = normalize_scores(scores, method_scopes("mean_std", "traj_group_id"), groups)
+    adv, _ = compute_advantages("grpo", AdvantageInputs(torch.ones(5, 2), scores=normed, groups=groups), AdvantageParams())
     assert adv[:, 0].tolist() == [approx(0.86603, abs=1e-4), approx(-0.86603, abs=1e-4), approx(-0.86603, abs=1e-4),
                                   approx(0.86603, abs=1e-4), 0.0]
-    dr = grpo_advantages(T([1.0, 0.0, 0.0, 1.0, 5.0]), T([0, 0, 0, 0, 1]), torch.ones(5, 1), norm_by_std=False)
-    assert dr[:, 0].tolist() == [0.5, -0.5, -0.5, 0.5, 0.0]  # Dr.GRPO: no division by std
+    # the estimator adds no second normalisation: batch-scope scores reach the advantages unchanged
+    batch_normed, _ = normalize_scores(scores, method_scopes("mean_std", "batch"), groups)
+    adv, _ = compute_advantages("grpo", AdvantageInputs(torch.ones(5, 1), scores=batch_normed, groups=groups), AdvantageParams())
+    torch.testing.assert_close(adv[:, 0], batch_normed)
+    # Dr.GRPO (method mean): no division by the std
+    dr, _ = normalize_scores(scores, method_scopes("mean", "traj_group_id"), groups)
+    assert dr.tolist() == [0.5, -0.5, -0.5, 0.5, 0.0]
 
 
 def test_rloo_by_hand():
@@ -112,9 +126,10 @@ def test_step_returns_and_step_reinforce_by_hand():
 
 
 def test_gigpo_by_hand():
-    # episode: 1,0,1,0 in one group -> +-.86603; step returns 2,1 share a state -> +-.70711 (std .70711),
-    # the other two states are alone -> 0; weights 1 and .5
-    adv = gigpo_advantages(T([1.0, 0.0, 1.0, 0.0]), T([0, 0, 0, 0]), T([2.0, 1.0, 3.0, 3.0]), T([0, 0, 1, 2]), 1.0, 0.5)
+    # episode advantages (already normalised in their group) +-.86603; step returns 2,1 share a state ->
+    # +-.70711 (std .70711), the other two states are alone -> 0; weights 1 and .5
+    episode = T([0.86603, -0.86603, 0.86603, -0.86603])
+    adv = gigpo_advantages(episode, T([2.0, 1.0, 3.0, 3.0]), T([0, 0, 1, 2]), 1.0, 0.5)
     expected = [0.86603 + 0.35355, -0.86603 - 0.35355, 0.86603, -0.86603]
     assert adv.tolist() == [approx(e, abs=1e-4) for e in expected]
 
@@ -122,27 +137,35 @@ def test_gigpo_by_hand():
 def test_group_normalisation_methods_by_hand():
     scores, groups = T([0.0, 0.0, 0.0, 10.0]), T([0, 0, 0, 0])
     # mean 2.5, unbiased std sqrt((3 * 6.25 + 56.25) / 3) = 5
-    assert normalize_in_groups(scores, groups, "identity").tolist() == [0, 0, 0, 10]
-    assert normalize_in_groups(scores, groups, "mean").tolist() == [-2.5, -2.5, -2.5, 7.5]
-    assert normalize_in_groups(scores, groups, "mean_std").tolist() == [approx(-0.5), approx(-0.5), approx(-0.5), approx(1.5)]
+    assert by_method(scores, groups, "identity").tolist() == [0, 0, 0, 10]
+    assert by_method(scores, groups, "mean").tolist() == [-2.5, -2.5, -2.5, 7.5]
+    assert by_method(scores, groups, "mean_std").tolist() == [approx(-0.5), approx(-0.5), approx(-0.5), approx(1.5)]
     # asym_clip: one -10 among 16 zeros -> z = -3.88 clipped to -1, zeros 0.2425; one +10 -> 3.88 clipped to 3
-    neg = normalize_in_groups(T([-10.0] + [0.0] * 16), torch.zeros(17, dtype=torch.long), "asym_clip")
+    neg = by_method(T([-10.0] + [0.0] * 16), torch.zeros(17, dtype=torch.long), "asym_clip")
     assert neg[0] == -1.0 and neg[1] == approx(0.24254, abs=1e-4)
-    pos = normalize_in_groups(T([10.0] + [0.0] * 16), torch.zeros(17, dtype=torch.long), "asym_clip")
+    pos = by_method(T([10.0] + [0.0] * 16), torch.zeros(17, dtype=torch.long), "asym_clip")
     assert pos[0] == 3.0
 
 
 def test_reward_norm_scopes_by_hand():
     x = T([2.0, 4.0, 6.0])  # mean 4, unbiased std 2
-    assert normalize_rewards(x, reward_norm="batch")[0].tolist() == [approx(-1), 0, approx(1)]
-    assert normalize_rewards(x, reward_norm="batch", reward_shift=True)[0].tolist() == [-2, 0, 2]
-    assert normalize_rewards(x, reward_norm="batch", reward_scale=True)[0].tolist() == [approx(1), approx(2), approx(3)]
-    grouped = normalize_rewards(x, reward_norm="group", groups=T([0, 0, 1]))[0]
+    assert normalize_scores(x, NormSpec("batch", "batch"))[0].tolist() == [approx(-1), 0, approx(1)]
+    assert normalize_scores(x, NormSpec("batch", None))[0].tolist() == [-2, 0, 2]
+    assert normalize_scores(x, NormSpec(None, "batch"))[0].tolist() == [approx(1), approx(2), approx(3)]
+    grouped = normalize_scores(x, NormSpec("group", "group"), T([0, 0, 1]))[0]
     assert grouped.tolist() == [approx(-0.70711, abs=1e-4), approx(0.70711, abs=1e-4), 0.0]
-    running, stats = normalize_rewards(x, reward_norm="running")  # population var 8/3
+    # different scopes stay different: the batch mean 4, each group's std (group 0: 1.41421; group 1 alone: no signal)
+    mixed = normalize_scores(x, NormSpec("batch", "group"), T([0, 0, 1]))[0]
+    assert mixed.tolist() == [approx(-1.41421, abs=1e-4), 0.0, 0.0]
+    running, stats = normalize_scores(x, NormSpec("running", "running"))  # population var 8/3
     assert running.tolist() == [approx(-1.22474, abs=1e-4), 0, approx(1.22474, abs=1e-4)] and stats.count == 3
-    assert normalize_rewards(x, reward_clip=3.0)[0].tolist() == [2, 3, 3]
-    assert normalize_rewards(x)[0].tolist() == [2, 4, 6]
+    assert normalize_scores(x, NormSpec(clip=(-1.0, 3.0)))[0].tolist() == [2, 3, 3]
+    assert normalize_scores(x, NormSpec())[0].tolist() == [2, 4, 6]
+    # ROLL's method -> scopes mapping
+    assert method_scopes("mean_std", "batch") == NormSpec("batch", "batch")
+    assert method_scopes("mean", "traj_group_id") == NormSpec("group", None)
+    assert method_scopes("asym_clip", "tags") == NormSpec("group", "group", (-1.0, 3.0))
+    assert singleton_share(T([0, 0, 1, 2])) == approx(2 / 3)
 
 
 def test_running_stats_combine_like_one_pass():
@@ -193,7 +216,7 @@ def test_ppo_loss_by_hand():
 def test_value_loss_by_hand():
     # V 1, old 0, R 2, clip .5: (1-2)^2 = 1 vs clipped V .5: (.5-2)^2 = 2.25 -> .5 * 2.25
     loss, m = value_loss(T([[1.0]]), T([[0.0]]), T([[2.0]]), torch.ones(1, 1), clip=0.5)
-    assert loss.item() == approx(1.125) and m["critic/vf_clipfrac"] == 1.0
+    assert loss.item() == approx(1.125) and m["critic/vf_clipfrac"] == 1.0 and m["critic/value_loss"] == approx(1.125)
     assert value_loss(T([[1.0]]), T([[0.0]]), T([[2.0]]), torch.ones(1, 1))[0].item() == approx(0.5)
 
 
@@ -202,7 +225,10 @@ def test_loss_aggregation_modes_by_hand():
     assert aggregate(loss, mask, "token-mean").item() == approx(10 / 4)
     assert aggregate(loss, mask, "seq-mean-token-sum").item() == approx((6 + 4) / 2)
     assert aggregate(loss, mask, "seq-mean-token-mean").item() == approx((2 + 4) / 2)
-    assert aggregate(loss, mask, "seq-mean-token-sum-norm").item() == approx((6 + 4) / (2 * 3))
+    # the norm length is the run's constant (here 10), not the batch's padded width (3)
+    assert aggregate(loss, mask, "seq-mean-token-sum-norm", norm_length=10).item() == approx((6 + 4) / (2 * 10))
+    with pytest.raises(ValueError, match="norm_length"):
+        aggregate(loss, mask, "seq-mean-token-sum-norm")
     # global counts from a bigger batch: 8 tokens, 4 rows
     assert aggregate(loss, mask, "token-mean", GlobalCounts(8, 4)).item() == approx(10 / 8)
 
@@ -219,15 +245,34 @@ def test_entropy_and_topr_by_hand():
 
 
 def test_actor_loss_composes_its_terms():
-    logp, old = _logp_pair([1.0, 1.0])
+    logp = torch.log(T([[0.5, 0.25]]))
+    old = logp.clone()  # ratios 1
     mask = torch.ones(1, 2)
     adv = T([[1.0, 1.0]])
     cfg = ActorLossConfig(use_kl_loss=True, kl_loss_coef=0.5, kl_loss_type="k1", entropy_loss_coef=0.1,
                           sft_loss_coef=2.0, rl_loss_coef=3.0, agg_mode="token-mean")
     total, m = actor_loss(logp, old, adv, mask, cfg, ref_logprob=logp - 0.2, entropy=T([[1.0, 3.0]]), positive_rows=T([1]))
-    # pg = -1; kl = .2; entropy 2; sft = -mean(logp) = 0 -> 3 * -1 + .5 * .2 - .1 * 2 + 0
-    assert total.item() == approx(-3.0 + 0.1 - 0.2)
+    # pg = -1; kl = .2; entropy 2; sft = -mean(ln .5, ln .25) = 1.03972 -> 3 * -1 + .5 * .2 - .1 * 2 + 2 * 1.03972
+    assert total.item() == approx(-3.0 + 0.1 - 0.2 + 2 * 1.03972, abs=1e-4)
     assert m["actor/kl_loss"] == approx(0.2) and m["actor/entropy"] == approx(2.0)
+    assert m["actor/sft_loss"] == approx(1.03972, abs=1e-4)
+    # a row that is not positive gets no SFT term
+    total, m = actor_loss(logp, old, adv, mask, cfg, ref_logprob=logp - 0.2, entropy=T([[1.0, 3.0]]), positive_rows=T([0]))
+    assert m["actor/sft_loss"] == 0.0 and total.item() == approx(-3.0 + 0.1 - 0.2)
+
+
+def test_segment_ratio_by_hand():
+    # mask: one turn at 1-2, one at 4; log-ratios 0, .4 -> .2 on both; -.3 alone; prompt positions ignored
+    mask = T([[0, 1, 1, 0, 1]])
+    log_ratio = T([[9.0, 0.0, 0.4, 9.0, -0.3]])
+    assert segment_mean(log_ratio, mask).tolist() == [[0.0, approx(0.2), approx(0.2), 0.0, approx(-0.3)]]
+    # PPO, A = 1, ratio_type segment: e^.2 = 1.2214 clipped to 1.2 on both tokens of turn one, e^-.3 = .74082
+    old = torch.zeros(1, 5)
+    loss, _ = ppo_policy_loss(log_ratio, old, torch.ones(1, 5), mask, ratio_type="segment")
+    assert loss.item() == approx(-(1.2 + 1.2 + 0.74082) / 3, abs=1e-4)
+    # per token: e^0 = 1, e^.4 clipped to 1.2, .74082
+    token, _ = ppo_policy_loss(log_ratio, old, torch.ones(1, 5), mask)
+    assert token.item() == approx(-(1.0 + 1.2 + 0.74082) / 3, abs=1e-4)
 
 
 def test_whiten_and_clip_advantages():
@@ -239,3 +284,8 @@ def test_whiten_and_clip_advantages():
 
 def test_group_ids_from_keys():
     assert group_ids(["a", ("s", 1), "a", 7]).tolist() == [0, 1, 0, 2]
+
+
+def by_method(scores, groups, method):
+    """Scores normalised within ``groups`` by a reward_normalization method."""
+    return normalize_scores(scores, method_scopes(method, "traj_group_id"), groups)[0]

@@ -14,7 +14,6 @@ from roll.algorithms.advantages import (
     compute_advantages,
     discounted_returns,
     gae,
-    grpo_advantages,
     rloo_advantages,
     turn_index,
     turn_level_returns,
@@ -22,7 +21,7 @@ from roll.algorithms.advantages import (
 from roll.algorithms.kl import KL_ESTIMATORS, kl_penalty
 from roll.algorithms.losses import LOSS_AGG_MODES, GlobalCounts, aggregate, ppo_policy_loss, value_loss
 from roll.algorithms.masked import masked_whiten
-from roll.algorithms.reward_norm import NORM_METHODS, normalize_in_groups, normalize_rewards
+from roll.algorithms.reward_norm import NORM_METHODS, NormSpec, method_scopes, normalize_scores
 from roll.configs import schema
 
 SETTINGS = settings(max_examples=60, deadline=None)
@@ -68,11 +67,11 @@ def test_masked_positions_never_affect_results(b):
     torch.testing.assert_close(turn_level_returns(turns, m, 0.7), turn_level_returns(torch.where(beyond, junk, turns), m, 0.7))
     torch.testing.assert_close(masked_whiten(b["adv"], m), masked_whiten(adv2, m))
     for mode in LOSS_AGG_MODES:
-        l1, _ = ppo_policy_loss(b["logp"], b["old"], b["adv"], m, agg_mode=mode)
-        l2, _ = ppo_policy_loss(lp2, old2, adv2, m, agg_mode=mode)
+        l1, _ = ppo_policy_loss(b["logp"], b["old"], b["adv"], m, agg_mode=mode, norm_length=8)
+        l2, _ = ppo_policy_loss(lp2, old2, adv2, m, agg_mode=mode, norm_length=8)
         torch.testing.assert_close(l1, l2)
-        v1, _ = value_loss(b["values"], b["old"], b["rewards"], m, clip=0.2, agg_mode=mode)
-        v2_, _ = value_loss(v2, old2, r2, m, clip=0.2, agg_mode=mode)
+        v1, _ = value_loss(b["values"], b["old"], b["rewards"], m, clip=0.2, agg_mode=mode, norm_length=8)
+        v2_, _ = value_loss(v2, old2, r2, m, clip=0.2, agg_mode=mode, norm_length=8)
         torch.testing.assert_close(v1, v2_)
 
 
@@ -98,15 +97,24 @@ def test_rloo_is_the_explicit_leave_one_out_formula(b):
 @given(b=batches(min_rows=2, max_rows=8), split=st.integers(1, 7), mode=st.sampled_from(LOSS_AGG_MODES))
 def test_micro_batches_add_up_to_the_full_batch_loss(b, split, mode):
     m = b["mask"]
-    counts = GlobalCounts.of(m, norm_length=m.shape[1])
-    full, _ = ppo_policy_loss(b["logp"], b["old"], b["adv"], m, agg_mode=mode, counts=counts)
+    counts = GlobalCounts.of(m)
+    norm = 16.0  # the run's constant length (at least any row's width)
+    full, full_metrics = ppo_policy_loss(b["logp"], b["old"], b["adv"], m, agg_mode=mode, counts=counts, norm_length=norm)
     cut = min(split, m.shape[0] - 1)
     parts = [slice(0, cut), slice(cut, None)]
-    summed = sum(ppo_policy_loss(b["logp"][s], b["old"][s], b["adv"][s], m[s], agg_mode=mode, counts=counts)[0] for s in parts)
-    torch.testing.assert_close(summed, full)
-    # data-parallel ranks with a shorter padded length add up too (norm_length is global)
-    trimmed = [aggregate(b["adv"][s], m[s], mode, counts) for s in parts]
-    torch.testing.assert_close(sum(trimmed), aggregate(b["adv"], m, mode, counts))
+    results = [ppo_policy_loss(b["logp"][s], b["old"][s], b["adv"][s], m[s], agg_mode=mode, counts=counts, norm_length=norm)
+               for s in parts]
+    torch.testing.assert_close(sum(r[0] for r in results), full)
+    for key, value in full_metrics.items():  # every metric adds up as the loss does
+        assert sum(r[1][key] for r in results) == pytest.approx(value, abs=1e-5), key
+
+    # data-parallel ranks pad their rows to their own width: each part cut to its last valid column
+    def trimmed(s):
+        cols = m[s].sum(0).nonzero()
+        width = int(cols.max()) + 1 if len(cols) else 1
+        return aggregate(b["adv"][s][:, :width], m[s][:, :width], mode, counts, norm)
+
+    torch.testing.assert_close(sum(trimmed(s) for s in parts), aggregate(b["adv"], m, mode, counts, norm))
 
 
 def _finite(x):
@@ -122,18 +130,23 @@ def test_no_nan_on_degenerate_inputs(n, value):
     one_group = torch.zeros(n, dtype=torch.long)
     for method in NORM_METHODS:
         for groups in (singletons, one_group):
-            out = normalize_in_groups(same, groups, method)
+            out = by_method(same, groups, method)
             assert _finite(out)
             if method != "identity":
                 assert out.abs().max() == 0.0  # zero variance or a lone row: zero advantage
-    assert grpo_advantages(same, one_group, torch.ones(n, 2)).abs().max() == 0.0
     assert rloo_advantages(same, singletons, torch.ones(n, 2)).abs().max() == 0.0
     for mode in LOSS_AGG_MODES:
-        loss, metrics = ppo_policy_loss(torch.zeros(n, 4), torch.zeros(n, 4), torch.ones(n, 4), all_masked, agg_mode=mode)
+        loss, metrics = ppo_policy_loss(torch.zeros(n, 4), torch.zeros(n, 4), torch.ones(n, 4), all_masked, agg_mode=mode,
+                                        norm_length=4)
         assert _finite(loss) and loss.item() == 0.0 and all(map(lambda v: v == v, metrics.values()))
     assert _finite(masked_whiten(torch.randn(n, 4), all_masked))
-    for norm in ("batch", "group", "running"):
-        assert _finite(normalize_rewards(same, reward_norm=norm, groups=singletons)[0])
+    for mean_scope in (None, "batch", "group", "running"):
+        for std_scope in (None, "batch", "group", "running"):
+            for groups in (singletons, one_group):
+                out = normalize_scores(same, NormSpec(mean_scope, std_scope), groups)[0]
+                assert _finite(out)
+                if std_scope is not None or (mean_scope is not None and (mean_scope != "group" or groups is one_group)):
+                    assert out.abs().max() == 0.0  # constant scores carry no signal
     for estimator in ADVANTAGE_ESTIMATORS:
         adv, ret = compute_advantages(estimator, _inputs(n, all_masked, same, singletons), AdvantageParams())
         assert _finite(adv) and _finite(ret) and adv.abs().max() == 0.0
@@ -176,11 +189,19 @@ def test_every_kl_name_in_the_schema_reaches_its_function(field):
 def test_every_loss_agg_mode_and_norm_name_in_the_schema_reaches_its_function():
     assert set(_literal_values(schema.PipelineConfig, "loss_agg_mode")) == set(LOSS_AGG_MODES)
     for mode in LOSS_AGG_MODES:
-        assert _finite(aggregate(torch.ones(2, 2), torch.ones(2, 2), mode))
+        assert _finite(aggregate(torch.ones(2, 2), torch.ones(2, 2), mode, norm_length=2))
     assert set(_literal_values(schema.RewardNormalizationConfig, "method")) == set(NORM_METHODS)
     for method in NORM_METHODS:
-        assert _finite(normalize_in_groups(torch.tensor([1.0, 2.0]), torch.tensor([0, 0]), method))
+        assert _finite(by_method(torch.tensor([1.0, 2.0]), torch.tensor([0, 0]), method))
     for scope in _literal_values(schema.PipelineConfig, "reward_norm"):
-        assert _finite(normalize_rewards(torch.tensor([1.0, 2.0]), reward_norm=scope, groups=torch.tensor([0, 0]))[0])
+        assert _finite(normalize_scores(torch.tensor([1.0, 2.0]), NormSpec(scope, scope), torch.tensor([0, 0]))[0])
+    for field in ("norm_mean_type", "norm_std_type"):
+        for scope in _literal_values(schema.RewardNormalizationConfig, field):
+            assert _finite(normalize_scores(torch.tensor([1.0, 2.0]), NormSpec(scope, scope), torch.tensor([0, 0]))[0])
     with pytest.raises(ValueError, match="unknown"):
         aggregate(torch.ones(1, 1), torch.ones(1, 1), "mean")
+
+
+def by_method(scores, groups, method):
+    """Scores normalised within ``groups`` by a reward_normalization method."""
+    return normalize_scores(scores, method_scopes(method, "traj_group_id"), groups)[0]

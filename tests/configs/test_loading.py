@@ -26,7 +26,7 @@ ZERO_VARIANTS = [
 def test_default_config_loads_with_derived_values():
     cfg = load_config("agentic_sokoban").config
     assert cfg.actor_train.device_mapping == [0] and cfg.actor_train.world_size == 1
-    assert cfg.actor_infer.world_size == 1 and cfg.reference.world_size == 1
+    assert cfg.actor_infer.world_size == 1 and cfg.reference is None  # no KL term: no reference role
     assert cfg.actor_train.strategy_args.strategy_config["zero_optimization"]["stage"] == 0
     assert cfg.actor_train.model_args.model_name_or_path == cfg.pretrain  # filled from pretrain
     assert cfg.custom_envs["SimpleSokoban"].max_tokens_per_step == 48  # top-level override reaches the entry
@@ -122,7 +122,7 @@ def run_cli(capsys, *args):
         (["train_env_manager.tags=[SimpleSokobn]"], ["train_env_manager.tags[0]", "did you mean 'SimpleSokoban'"]),
         (["train_env_manager.num_groups_partition=[3]"], ["train_env_manager.num_groups_partition", "sums to 3"]),
         (["adv_estimator=gae"], ["critic.device_mapping", "gae"]),
-        (["use_kl_loss=true", "~reference"], ["reference.device_mapping", "use_kl_loss"]),
+        (["use_kl_loss=true"], ["reference.device_mapping", "use_kl_loss"]),
     ],
 )
 def test_config_errors_exit_2_with_key_path(capsys, overrides, must_contain):
@@ -221,3 +221,27 @@ def test_unknown_key_in_shared_piece_section_is_still_checked():
     """Helper keys are allowed only at the top level; inside a known section a typo is an error."""
     with pytest.raises(ConfigError, match="custom_envs.SimpleSokoban.env_typ"):
         load_config("agentic_sokoban", overrides=["+custom_envs.SimpleSokoban.env_typ=sokoban"])
+
+
+def test_a_gpu_backend_on_a_machine_without_gpu_stops_before_anything_starts(capsys):
+    """One line, exit 2, and no Ray or worker started (it used to die inside a worker with an
+    unpicklable ConfigError and a traceback)."""
+    import ray
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    status = main(["--config_name", "agentic_sokoban", "actor_infer.strategy_args.strategy_name=vllm", "max_steps=1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2
+    assert len(err) == 1 and "actor_infer.strategy_args.strategy_name" in err[0] and "CUDA GPU" in err[0]
+    assert not ray.is_initialized()
+
+
+def test_config_errors_survive_pickling():
+    import pickle
+
+    from roll.configs.errors import ConfigError
+
+    e = pickle.loads(pickle.dumps(ConfigError("a.b", "bad value")))
+    assert isinstance(e, ConfigError) and (e.path, e.message, str(e)) == ("a.b", "bad value", "a.b: bad value")

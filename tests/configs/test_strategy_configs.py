@@ -124,7 +124,8 @@ def test_megatron_pipeline_config_batch_sizes() -> None:
     assert derive.data_parallel_size(at) == dp
     ta = at.training_args
     assert derive.global_train_batch_size(at) == ta.per_device_train_batch_size * ta.gradient_accumulation_steps * dp
-    assert derive.optimizer_steps_per_rollout(cfg) == 1  # the example sets grad_accum by the guide's formula
+    # the example sets grad_accum by the guide's formula: one optimizer step per rollout
+    assert derive.train_batch_size(cfg) == derive.global_train_batch_size(cfg.actor_train)
     with pytest.raises(ConfigError, match="does not divide by tensor x pipeline x context parallel"):
         load_config("agentic_sokoban_megatron_vllm", overrides=[
             "actor_train.strategy_args.strategy_config.tensor_model_parallel_size=3"])

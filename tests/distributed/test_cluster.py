@@ -11,7 +11,7 @@ from roll.distributed.cluster import Cluster, RpcTimeoutError, WorkerDiedError
 from roll.distributed.resources import ResourceManager, ray_init
 from roll.workers import ActorInferWorker, ActorTrainWorker
 
-from ..strategies.helpers import fixed_batch, with_old_logprobs, worker_config
+from ..strategies.helpers import SGD_LIKE, fixed_batch, sgd_step, with_old_logprobs, worker_config
 
 pytestmark = pytest.mark.slow
 
@@ -87,25 +87,64 @@ def test_rpc_timeout_names_role_and_method(resources, tiny_model_path):
     infer.shutdown()
 
 
-def test_two_data_parallel_workers_equal_one_worker(resources, tiny_model_path):
-    """World size 2 (gloo) on a global batch of 4 rows = world size 1 on the same 4 rows."""
-    batch = train_batch(seed=5)
-    single = cluster("actor_train", ActorTrainWorker, worker_config(tiny_model_path, micro=2, gas=2), [0], resources)
-    double = cluster("actor_train", ActorTrainWorker, worker_config(tiny_model_path, micro=2, gas=1), [0, 1], resources)
+def _same_update(single, double, batch, loss=LOSS):
+    """Train both clusters one step on ``batch`` (SGD-like settings); return their updates and metrics."""
     old = single.dispatch("compute_log_probs", batch)["old_logprobs"]
     torch.testing.assert_close(old, double.dispatch("compute_log_probs", batch)["old_logprobs"], atol=1e-6, rtol=0)
     full = with_old_logprobs(batch, old)
-    single.dispatch("train_step", full, LOSS)
-    double.dispatch("train_step", full, LOSS)
-    a = single.call_rank0("state_dict")
-    b = double.call_rank0("state_dict")
-    assert a.keys() == b.keys()
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=0, msg=name)
+    before = single.call_rank0("state_dict")
+    m1 = single.dispatch("train_step", full, loss)
+    m2 = double.dispatch("train_step", full, loss)
+    d1 = sgd_step(before, single.call_rank0("state_dict"))
+    d2 = sgd_step(before, double.call_rank0("state_dict"))
     rank0, rank1 = double.call("state_dict")
     assert all(torch.equal(rank0[n], rank1[n]) for n in rank0)  # data-parallel replicas stay identical
+    return d1, d2, m1, m2, full
+
+
+def test_two_data_parallel_workers_equal_one_worker(resources, tiny_model_path):
+    """World size 2 (gloo) on a global batch of 4 rows = world size 1 on the same 4 rows: the same SGD step
+    (the all-reduced gradient), compared tightly, and the same logged metrics."""
+    batch = train_batch(seed=5)
+    single = cluster("actor_train", ActorTrainWorker, worker_config(tiny_model_path, micro=2, gas=2, **SGD_LIKE), [0], resources)
+    double = cluster("actor_train", ActorTrainWorker, worker_config(tiny_model_path, micro=2, gas=1, **SGD_LIKE), [0, 1], resources)
+    d1, d2, m1, m2, _ = _same_update(single, double, batch)
+    assert max(float(d.abs().max()) for d in d1.values()) > 1e-3  # a real step
+    for name in d1:
+        torch.testing.assert_close(d2[name], d1[name], atol=1e-6, rtol=0, msg=name)
+    for key in ("actor/pg_loss", "actor/loss", "actor/ratio_mean", "actor/pg_clipfrac"):  # one rank vs two: one value
+        assert m2[0][key] == pytest.approx(m1[0][key], abs=1e-6), key
     single.shutdown()
     double.shutdown()
+
+
+def test_rows_that_do_not_divide_over_ranks_do_not_hang(resources, tiny_model_path):
+    """5 rows over 2 ranks: every rank runs the same micro-batches and steps (before, the rank with 3 rows ran
+    one more mini-batch and waited in its collective until rpc_timeout). The update equals one rank's on the
+    same 5 rows."""
+    batch = fixed_batch(rows=5, seed=9)
+    single = cluster("actor_train", ActorTrainWorker, worker_config(tiny_model_path, micro=2, gas=3, **SGD_LIKE), [0],
+                     resources, rpc_timeout=120)
+    double = cluster("actor_train", ActorTrainWorker, worker_config(tiny_model_path, micro=2, gas=2, **SGD_LIKE), [0, 1],
+                     resources, rpc_timeout=120)
+    d1, d2, m1, m2, full = _same_update(single, double, batch)
+    for name in d1:
+        torch.testing.assert_close(d2[name], d1[name], atol=1e-6, rtol=0, msg=name)
+    assert m2[0]["actor/pg_loss"] == pytest.approx(m1[0]["actor/pg_loss"], abs=1e-6)
+    double.shutdown()
+    # mini-batches of 2 rows per rank: 2 optimizer steps on both ranks
+    steps = cluster("actor_train", ActorTrainWorker, worker_config(tiny_model_path, micro=2, gas=1), [0, 1], resources,
+                    rpc_timeout=120)
+    metrics = steps.dispatch("train_step", full, LOSS)
+    assert [m["actor/optimizer_steps"] for m in metrics] == [2.0, 2.0]
+    steps.shutdown()
+    # ZeRO-3 gathers parameters inside every forward: 3 and 2 rows in passes of 2 would meet 2 vs 1 times
+    z3 = cluster("actor_train", ActorTrainWorker, worker_config(tiny_model_path, stage=3, infer_batch_size=2), [0, 1],
+                 resources, rpc_timeout=120)
+    # (the untrained model's log-probs, taken by the one-rank cluster before its step)
+    torch.testing.assert_close(z3.dispatch("compute_log_probs", batch)["old_logprobs"], full["old_logprobs"], atol=1e-5, rtol=0)
+    z3.shutdown()
+    single.shutdown()
 
 
 class _TensorParallelPair:
@@ -145,3 +184,22 @@ def test_dispatch_sends_a_replica_the_same_rows_and_keeps_one_answer(resources):
     assert out["ids"].tolist() == batch["input_ids"][:, 0].tolist()  # in the original order
     assert c.call("rows_seen") == [4, 4]  # both tensor-parallel ranks computed on all rows
     c.shutdown()
+
+
+class _Raises:
+    def fail(self):
+        from roll.configs.errors import ConfigError
+
+        raise ConfigError("actor_train.strategy_args.strategy_name", "a worker-side check failed")
+
+
+def test_a_config_error_raised_in_a_worker_reaches_the_driver_as_itself(resources):
+    import ray
+
+    from roll.configs.errors import ConfigError
+
+    actor = ray.remote(_Raises).options(num_cpus=0.0001).remote()
+    with pytest.raises(ConfigError) as e:
+        ray.get(actor.fail.remote(), timeout=60)
+    assert e.value.path == "actor_train.strategy_args.strategy_name" and e.value.message == "a worker-side check failed"
+    ray.kill(actor)

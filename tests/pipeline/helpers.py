@@ -12,9 +12,14 @@ def tiny_overrides(model_path, tmp_path, *overrides):
         "val_env_manager.num_groups_partition=[2]", "max_actions_per_traj=2", "max_tokens_per_step=8",
         "sequence_length=2048", "actor_train.training_args.per_device_train_batch_size=2",
         "actor_train.training_args.gradient_accumulation_steps=1", "actor_train.training_args.learning_rate=1e-3",
-        "actor_train.infer_batch_size=4", "reference.infer_batch_size=4",
+        "actor_train.infer_batch_size=4",
     ]
     return base + list(overrides)
+
+
+# a reference role (hf_infer on device 0) for tests that turn a KL term on
+REFERENCE = ("+reference.device_mapping=[0]", "+reference.strategy_args.strategy_name=hf_infer",
+             "+reference.model_args.dtype=fp32", "+reference.infer_batch_size=4")
 
 
 def tiny_config(model_path, tmp_path, *overrides):

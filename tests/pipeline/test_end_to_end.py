@@ -5,7 +5,7 @@ import pytest
 from roll.agentic.pipeline import AgenticPipeline
 from roll.utils.checkpoint import complete_checkpoints
 
-from .helpers import tiny_config
+from .helpers import REFERENCE, tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ def test_two_steps_with_gae_critic_reference_eval_and_checkpoints(tiny_model_pat
     cfg = tiny_config(tiny_model_path, tmp_path, "adv_estimator=gae", "+critic.device_mapping=[0]",
                       "+critic.strategy_args.strategy_name=deepspeed_train", "+critic.strategy_args.strategy_config=${deepspeed_zero}",
                       "+critic.training_args.per_device_train_batch_size=2", "+critic.model_args.dtype=fp32",
-                      "add_token_level_kl=true", "init_kl_coef=0.05")
+                      "add_token_level_kl=true", "init_kl_coef=0.05", *REFERENCE)
     last = run(cfg)
     assert last["rollout/trajectories"] == 4
     scalars = read_scalars(tmp_path / "out" / "tb")

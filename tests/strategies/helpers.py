@@ -7,14 +7,27 @@ from roll.configs.schema import ModelArgs, StrategyArgs, TrainingArgs, WorkerCon
 from roll.distributed.batch import Batch
 
 
-def worker_config(path, strategy="deepspeed_train", stage=0, lr=1e-2, micro=2, gas=2, model_type=None, dtype="fp32"):
+def worker_config(path, strategy="deepspeed_train", stage=0, lr=1e-2, micro=2, gas=2, model_type=None, dtype="fp32",
+                  eps=1e-8, infer_batch_size=3, schedule="constant"):
     sc = {"zero_optimization": {"stage": stage}} if strategy == "deepspeed_train" else None
     return WorkerConfig(
         model_args=ModelArgs(model_name_or_path=path, dtype=dtype, disable_gradient_checkpointing=True, model_type=model_type),
-        training_args=TrainingArgs(learning_rate=lr, per_device_train_batch_size=micro, gradient_accumulation_steps=gas),
+        training_args=TrainingArgs(learning_rate=lr, per_device_train_batch_size=micro, gradient_accumulation_steps=gas,
+                                   adam_epsilon=eps, lr_scheduler_type=schedule),
         strategy_args=StrategyArgs(strategy, sc),
-        infer_batch_size=3,
+        infer_batch_size=infer_batch_size,
     )
+
+
+# Adam's first step is lr * g / (|g| + eps). With eps far above every |g| it is lr / eps * g: a plain SGD
+# step, linear in the gradient, so two runs that sum the same gradient in another order agree to rounding
+# (a tiny eps turns that rounding noise on near-zero gradients into +-lr jumps, differently on each CPU).
+SGD_LIKE = {"lr": 1e4, "eps": 1e4}  # a step of ~1 x gradient
+
+
+def sgd_step(before: dict, after: dict) -> dict:
+    """The update of each weight (after - before), in units of the gradient for SGD_LIKE settings."""
+    return {name: after[name] - before[name] for name in before}
 
 
 def fixed_batch(rows=4, length=12, seed=0, vocab=500):

@@ -78,11 +78,13 @@ def main() -> None:
     batch.tensors["response_mask"] = batch["response_mask"] * mask
     attended = mask.bool().clone()
     attended[:, 0] = False
-    attended[2, 2] = False  # the first attended token has no log-prob
+    attended[2, 2] = False  # the first attended token has no log-prob and no state before it (no value)
 
     # no clipping: megatron-core's clipping asserts CUDA gradients (on GPU, scripts/gpu checks it)
-    ctx = StrategyContext(role="actor_train", seed=0, max_grad_norm=0.0, total_steps=10)
-    mcfg = worker_config(path, "megatron_train", lr=1e-2, micro=1, gas=2)
+    ctx = StrategyContext(role="actor_train", seed=0, max_grad_norm=0.0, train_calls=10)
+    # eps 1e-4: Adam's step lr * g / (|g| + eps) must not turn summation-order noise on near-zero gradients
+    # into +-lr jumps (which would make the megatron vs deepspeed comparison depend on the CPU)
+    mcfg = worker_config(path, "megatron_train", lr=1e-2, micro=1, gas=2, eps=1e-4)
     mcfg.strategy_args.strategy_config = {"make_vocab_size_divisible_by": 128, "use_distributed_optimizer": False}
     meg = MegatronTrainStrategy(mcfg, ctx, device="cpu")
     meg.initialize()
@@ -97,7 +99,7 @@ def main() -> None:
     exact = synced.keys() == hf_state.keys() and all(torch.equal(synced[k], v) for k, v in hf_state.items())
 
     # one PPO step (4 rows: 2 optimizer steps of 2 micro-batches) on both backends
-    dcfg = worker_config(path, "deepspeed_train", lr=1e-2, micro=1, gas=2)
+    dcfg = worker_config(path, "deepspeed_train", lr=1e-2, micro=1, gas=2, eps=1e-4)
     ds = DeepSpeedTrainStrategy(dcfg, ctx)
     ds.initialize()
     train_batch = with_old_logprobs(batch, ref)
@@ -130,12 +132,13 @@ def main() -> None:
     def critic_loss(micro, out, counts):
         return value_loss(out.values, micro["values"], micro["returns"], micro["response_mask"].float(), counts=counts)
 
-    critic_ctx = StrategyContext(role="critic", seed=0, max_grad_norm=0.0, total_steps=10)
-    mcrit = MegatronTrainStrategy(worker_config(path, "megatron_train", lr=1e-2, micro=2, gas=1), critic_ctx, device="cpu")
+    critic_ctx = StrategyContext(role="critic", seed=0, max_grad_norm=0.0, train_calls=10)
+    mcrit = MegatronTrainStrategy(worker_config(path, "megatron_train", lr=1e-2, micro=2, gas=1, eps=1e-4), critic_ctx,
+                                  device="cpu")
     mcrit.config.strategy_args.strategy_config = mcfg.strategy_args.strategy_config
     mcrit.mc = meg.mc
     mcrit.initialize()
-    dcrit = DeepSpeedTrainStrategy(worker_config(path, "deepspeed_train", lr=1e-2, micro=2, gas=1), critic_ctx)
+    dcrit = DeepSpeedTrainStrategy(worker_config(path, "deepspeed_train", lr=1e-2, micro=2, gas=1, eps=1e-4), critic_ctx)
     dcrit.initialize()
     values0 = mcrit.compute_values(batch)
     returns = torch.randn(batch["input_ids"].shape, generator=torch.Generator().manual_seed(5))
@@ -143,6 +146,19 @@ def main() -> None:
     mcrit.train_step(critic_batch, critic_loss)
     dcrit.train_step(critic_batch, critic_loss)
     values_m, values_d = mcrit.compute_values(batch), dcrit.compute_values(batch)
+
+    # wiring: changing token t moves neither the value used at t (V(x_<t)) nor any log-prob before t
+    lp_now = meg.compute_log_probs(batch)
+    value_moves, logprob_moves, own_moves = [], [], []
+    for t in (3, 7, 10):
+        changed = type(batch)(dict(batch.tensors))
+        ids = batch["input_ids"].clone()
+        ids[:, t] = (ids[:, t] + 17) % 500 + 3
+        changed.tensors["input_ids"] = ids
+        value_moves.append(float((mcrit.compute_values(changed) - values_m)[:, : t + 1].abs().max()))
+        lp_changed = meg.compute_log_probs(changed)
+        logprob_moves.append(float((lp_changed - lp_now)[:, :t].abs().max()))
+        own_moves.append(float((lp_changed - lp_now)[:, t].abs().max()))
     print(json.dumps({
         "logprob_max_abs_vs_hf": float((lp - ref)[attended].abs().max()),
         "padding_is_zero": bool(torch.all(lp[~mask.bool()] == 0)),
@@ -155,8 +171,11 @@ def main() -> None:
         "checkpoint_restores_weights": bool(torch.equal(restored, after_m)),
         "checkpoint_resume_is_exact": bool(torch.equal(first, second)),
         "critic_initial_values_zero": bool(torch.all(values0 == 0)),
-        "critic_trained_max_abs_vs_deepspeed": float((values_m - values_d)[mask.bool()].abs().max()),
+        "critic_trained_max_abs_vs_deepspeed": float((values_m - values_d)[attended].abs().max()),
         "critic_moved_by_training": float(values_m[mask.bool()].abs().max()),
+        "value_at_or_before_t_moves_with_token_t": max(value_moves),
+        "logprob_before_t_moves_with_token_t": max(logprob_moves),
+        "logprob_at_t_moves_with_token_t": min(own_moves),
     }))
 
 

@@ -48,7 +48,7 @@ def _worker(rank: int, port: int, path: str, layout: dict, ref: np.ndarray, queu
     cfg = worker_config(path, "megatron_train", lr=1e-2, micro=1, gas=2)
     cfg.training_args.adam_epsilon = ADAM_EPS
     cfg.strategy_args.strategy_config = {**layout, "make_vocab_size_divisible_by": 8, "use_distributed_optimizer": False}
-    ctx = StrategyContext(role="actor_train", rank=rank, world_size=2, seed=0, max_grad_norm=0.0, total_steps=10)
+    ctx = StrategyContext(role="actor_train", rank=rank, world_size=2, seed=0, max_grad_norm=0.0, train_calls=10)
     s = MegatronTrainStrategy(cfg, ctx, device="cpu")
     s.initialize()
     batch = _batch()
@@ -92,7 +92,7 @@ def main() -> None:
     for gas in (2, 4):
         dcfg = worker_config(path, "deepspeed_train", lr=1e-2, micro=1, gas=gas)
         dcfg.training_args.adam_epsilon = ADAM_EPS
-        ds = DeepSpeedTrainStrategy(dcfg, StrategyContext(role="actor_train", seed=0, max_grad_norm=0.0, total_steps=10))
+        ds = DeepSpeedTrainStrategy(dcfg, StrategyContext(role="actor_train", seed=0, max_grad_norm=0.0, train_calls=10))
         ds.initialize()
         ds.train_step(with_old_logprobs(batch, ref), ppo_loss_fn)
         refs[gas] = ds.compute_log_probs(batch)

@@ -51,6 +51,13 @@ def test_megatron_checkpoint_export_and_critic(figures: dict) -> None:
     assert figures["critic_trained_max_abs_vs_deepspeed"] < 1e-4
 
 
+@pytest.mark.slow
+def test_megatron_values_and_logprobs_at_t_never_see_later_tokens(figures: dict) -> None:
+    assert figures["value_at_or_before_t_moves_with_token_t"] < 1e-6  # V at t is V(x_<t)
+    assert figures["logprob_before_t_moves_with_token_t"] < 1e-6
+    assert figures["logprob_at_t_moves_with_token_t"] > 1e-3  # while the changed token's own log-prob does move
+
+
 @pytest.fixture(scope="module")
 def parallel_figures() -> dict:
     run = subprocess.run([sys.executable, "-m", "tests.strategies.megatron_cpu_parallel"], cwd=ROOT, env=subprocess_env(ROOT),
