@@ -98,6 +98,43 @@ class TextEnv(gym.Env[str, str]):
         """Action name -> action, matched case-insensitively (non-tool envs)."""
         raise NotImplementedError
 
+    def expert_action(self) -> str:
+        """The name of a best action in the current state (envs with a solver implement it)."""
+        raise NotImplementedError(f"{type(self).__name__} has no expert policy, so it cannot give demonstrations")
+
+    def answer_text(self, action_name: str) -> str:
+        """A reply that ``step`` accepts as ``action_name`` under this env's action pattern."""
+        if self.tools is not None or self.action_pattern != DEFAULT_ACTION_PATTERN:
+            raise ValueError(
+                f"{type(self).__name__}: demonstrations are written for the answer pattern {DEFAULT_ACTION_PATTERN!r}, "
+                f"not {self.action_pattern!r}"
+            )
+        return f"<answer>{action_name}</answer>"
+
+    def demonstrations(self, count: int, seed: int = 0) -> list[tuple[str, str]]:
+        """``count`` example exchanges (observation, reply) on boards of this env's own kind, answered with
+        the expert's first move, for a conversation to open with. Boards come from seeds ``seed``,
+        ``seed + 1``, ...; a board whose answer an earlier example already showed is skipped while another
+        answer is still unshown, so the examples do not all teach one move. The env is left reset; the
+        next ``reset`` starts the real episode."""
+        examples: list[tuple[str, str]] = []
+        shown: set[str] = set()
+        names: set[str] = set()
+        for i in range(64 * max(count, 1)):
+            if len(examples) == count:
+                break
+            observation, _ = self.reset(seed=seed + i)
+            action = self.expert_action()
+            names = names or set(self.action_vocabulary())
+            if action in shown and shown != names and i < 32 * count:
+                continue
+            reply = self.answer_text(action)
+            if not self.parse(reply).valid:  # a demonstration must show a reply the env accepts
+                raise ValueError(f"{type(self).__name__}: demonstration reply {reply!r} does not parse")
+            examples.append((observation, reply))
+            shown.add(action)
+        return examples
+
     def parse(self, response: str) -> Parsed:
         if self.tools is not None:
             return parse_tool_call(response, self.tools)

@@ -155,10 +155,18 @@ class FrozenLakeEnv(GridTextEnv):
         return rows
 
     def instruction(self) -> str:
-        symbols = self.symbol_legend()
-        slip = " The ice is slippery: you may move in a direction other than the one you chose." if self.is_slippery else ""
+        slip = " The ice is slippery, so a move may carry you sideways instead." if self.is_slippery else ""
         return (
-            "You are solving the FrozenLake puzzle. Walk from your position to the goal without falling into a hole."
-            f"{slip}\nThe meaning of each symbol in the state is: {symbols}.\n"
-            f"Your available actions are: {', '.join(ACTIONS)}. Answer with one action, e.g. <answer>Left</answer>."
+            "FrozenLake. Walk across the ice from where you stand to the goal; stepping onto a hole ends the game."
+            f"{slip}\nSymbols: {self.symbol_legend()}.\n"
+            f"Moves: {', '.join(ACTIONS)}. Reply with one move in answer tags, like <answer>Left</answer>."
         )
+
+    def expert_action(self) -> str:
+        r, c = self.pos
+        desc = [row.replace(START, FROZEN) for row in self.desc]
+        desc[r] = desc[r][:c] + START + desc[r][c + 1:]
+        plan = shortest_path(desc)
+        if not plan:
+            raise ValueError("no path to the goal from this position")
+        return plan[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -22,6 +23,7 @@ from envs.sokoban.level import (
     WALL,
     Level,
 )
+from envs.sokoban.solver import solve
 
 DEFAULT_GRID_LOOKUP = {WALL: "#", FLOOR: "_", TARGET: "O", BOX_ON_TARGET: "√", BOX: "X", PLAYER: "P", PLAYER_ON_TARGET: "S"}
 DEFAULT_GRID_VOCAB = {
@@ -121,14 +123,21 @@ class SokobanEnv(GridTextEnv):
         return self.room_state()
 
     def instruction(self) -> str:
-        symbols = self.symbol_legend()
         return (
-            "You are solving the Sokoban puzzle. You are the player and you need to push all boxes to targets. "
-            "When you are right next to a box, you can push it by moving in the same direction. "
-            "You cannot push a box through a wall, and you cannot pull a box.\n"
-            f"The meaning of each symbol in the state is: {symbols}.\n"
-            f"Your available actions are: {', '.join(ACTIONS)}. Answer with one action, e.g. <answer>Up</answer>."
+            "Sokoban. You are the player on a grid seen from above. Step into a box to shove it one cell "
+            "further the same way; a box never moves by pulling, and neither you nor a box passes a wall. "
+            "Get every box onto a target to win.\n"
+            f"Symbols: {self.symbol_legend()}.\n"
+            f"Moves: {', '.join(ACTIONS)}. Reply with one move in answer tags, like <answer>Up</answer>."
         )
+
+    def expert_action(self) -> str:
+        assert self.level is not None, "call reset() first"
+        here = dataclasses.replace(self.level, boxes=tuple(sorted(self.boxes)), player=self.player)
+        plan = solve(here)
+        if not plan:
+            raise ValueError("the solver found no move from this position")
+        return plan[0]
 
     def render_rgb(self, tile: int = 16) -> np.ndarray:
         state = np.asarray(self.room_state(), dtype=np.int64)

@@ -2,8 +2,10 @@
 
 Env threads call ``generate(route, prompt_ids, params)`` and block. Requests wait in a queue per
 inference rank (``route`` sticks an env to one rank); a batch closes when it is full or when the
-oldest request has waited ``max_wait_s``, and only one batch per rank runs at a time, so requests
-that arrive while a batch runs form the next one. The backend is anything with
+oldest request has waited ``max_wait_s``. Up to ``max_inflight`` batches per rank run at once:
+requests that arrive while a batch runs form the next one and go out at once, so an engine that
+batches continuously (hf_infer, vLLM) takes them into its running decode loop instead of making
+them wait for the slowest row of the batch before. The backend is anything with
 ``generate(rank, prompts, params) -> list[Generation]``: Ray inference workers, an in-process
 strategy, or a scripted policy (no model) for env debugging.
 """
@@ -34,11 +36,14 @@ class _Request:
 
 
 class RequestBatcher:
-    def __init__(self, backend: Backend, num_ranks: int, max_batch_size: int = 64, max_wait_s: float = 0.02) -> None:
+    def __init__(self, backend: Backend, num_ranks: int, max_batch_size: int = 64, max_wait_s: float = 0.02,
+                 max_inflight: int = 4) -> None:
         self.backend = backend
         self.num_ranks = num_ranks
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
+        self._slots = [threading.Semaphore(max(1, max_inflight)) for _ in range(num_ranks)]
+        self._stats_lock = threading.Lock()
         self._queues: list[list[_Request]] = [[] for _ in range(num_ranks)]
         self._cond = threading.Condition()
         self._closed = False
@@ -73,9 +78,16 @@ class RequestBatcher:
                 while not self._closed and len(queue) < self.max_batch_size and time.monotonic() < deadline:
                     self._cond.wait(timeout=max(0.0, deadline - time.monotonic()))
                 batch, queue[:] = queue[: self.max_batch_size], queue[self.max_batch_size:]
-            self._run(rank, batch)
+            self._slots[rank].acquire()
+            threading.Thread(target=self._run, args=(rank, batch), daemon=True, name=f"batch-{rank}").start()
 
     def _run(self, rank: int, batch: list[_Request]) -> None:
+        try:
+            self._run_batch(rank, batch)
+        finally:
+            self._slots[rank].release()
+
+    def _run_batch(self, rank: int, batch: list[_Request]) -> None:
         by_params: dict[SamplingParams, list[_Request]] = {}
         for req in batch:
             by_params.setdefault(req.params, []).append(req)
@@ -88,16 +100,18 @@ class RequestBatcher:
                     r.error = e
                     r.done.set()
                 continue
-            self.stats["generate_s"] += time.perf_counter() - start
-            self.stats["generate_calls"] += 1
-            self.stats["requests"] += len(reqs)
-            self.stats["tokens"] += sum(len(g.token_ids) for g in results)
+            with self._stats_lock:
+                self.stats["generate_s"] += time.perf_counter() - start
+                self.stats["generate_calls"] += 1
+                self.stats["requests"] += len(reqs)
+                self.stats["tokens"] += sum(len(g.token_ids) for g in results)
             for r, g in zip(reqs, results):
                 r.result = g
                 r.done.set()
 
     def take_stats(self) -> dict[str, float]:
-        stats, self.stats = self.stats, {"generate_calls": 0, "requests": 0, "tokens": 0, "generate_s": 0.0}
+        with self._stats_lock:
+            stats, self.stats = self.stats, {"generate_calls": 0, "requests": 0, "tokens": 0, "generate_s": 0.0}
         return dict(stats)
 
     def close(self) -> None:

@@ -30,17 +30,20 @@ import numpy as np
 from roll.agentic.advantage import compute_batch_advantages
 from roll.agentic.batch_adjust import adjust_batch
 from roll.agentic.conversation import ChatTemplate
+from roll.agentic.render import filmstrip, transcript
 from roll.agentic.rollout import EnvManagerHost, make_rollout, ray_factory
 from roll.algorithms.kl import AdaptiveKLController, FixedKLController, kl_controller
 from roll.algorithms.losses import ActorLossConfig
 from roll.algorithms.reward_norm import RunningMeanStd
 from roll.configs.derive import (
+    data_parallel_size,
     dual_clip_constant,
     global_train_batch_size,
     needs_critic,
     needs_reference,
     train_batch_size,
 )
+from roll.configs.errors import ConfigError
 from roll.configs.schema import PipelineConfig
 from roll.distributed.batch import Batch
 from roll.utils.checkpoint import read_state, resolve_resume, save_checkpoint
@@ -62,6 +65,34 @@ def preflight(cfg: PipelineConfig) -> None:
 
     for role in pipeline_roles(cfg):
         check_backend(getattr(cfg, role).strategy_args.strategy_name, f"{role}.strategy_args.strategy_name")
+    check_demonstrations(cfg)
+
+
+def old_logprobs_need_recompute(cfg: PipelineConfig, rows: int, has_reference: bool) -> bool:
+    """Whether actor_train must compute old log-probs in a forward of their own. Not when the training
+    forward gives the same numbers: one pass (ppo_epochs 1) of one optimizer step per rank, so every row's
+    training forward runs on the weights before any update, and nothing needs the old log-probs before
+    training (the reference KL does)."""
+    if cfg.enable_old_logprobs_recompute or cfg.ppo_epochs != 1 or has_reference:
+        return True
+    ta = cfg.actor_train.training_args
+    per_rank = -(-rows // data_parallel_size(cfg.actor_train))
+    return per_rank > ta.per_device_train_batch_size * ta.gradient_accumulation_steps
+
+
+def check_demonstrations(cfg: PipelineConfig) -> None:
+    """Every env that opens with demonstrations can make them (it has an expert and the answer pattern)."""
+    from envs.registration import make_env
+
+    tags = dict.fromkeys(cfg.train_env_manager.tags + cfg.val_env_manager.tags)
+    for tag in tags:
+        entry = cfg.custom_envs[tag]
+        if entry.num_demonstrations <= 0:
+            continue
+        try:
+            make_env(entry.env_type, entry.entry_point, **entry.env_config).demonstrations(1)
+        except (ValueError, NotImplementedError) as e:
+            raise ConfigError(f"custom_envs.{tag}.num_demonstrations", str(e)) from None
 
 
 class AgenticPipeline:
@@ -200,9 +231,12 @@ class AgenticPipeline:
                 with timer("reference"):
                     self.devices_to("reference")
                     batch = batch | self.clusters["reference"].dispatch("compute_log_probs", batch)
-            with timer("old_log_probs"):
-                self.devices_to("actor_train")
-                batch = batch | self.clusters["actor_train"].dispatch("compute_log_probs", batch)
+            recompute = old_logprobs_need_recompute(cfg, len(batch), "reference" in self.clusters)
+            metrics["actor/old_logprobs_recomputed"] = float(recompute)
+            if recompute:
+                with timer("old_log_probs"):
+                    self.devices_to("actor_train")
+                    batch = batch | self.clusters["actor_train"].dispatch("compute_log_probs", batch)
             if "critic" in self.clusters:
                 with timer("values"):
                     self.devices_to("critic")
@@ -227,6 +261,7 @@ class AgenticPipeline:
             metrics.update(self._throughput(batch, metrics, time.perf_counter() - step_start))
             if step % cfg.logging_steps == 0 or step + 1 == cfg.max_steps:
                 self.tracker.log(metrics, step)
+                self._log_episode(rollout.trajectories, step)
             bar.update(1)
             last = metrics
         bar.close()
@@ -234,6 +269,15 @@ class AgenticPipeline:
         return last
 
     # --- pieces
+    def _log_episode(self, trajectories: list[Any], step: int) -> None:
+        """One sampled training episode (the step's first) to the tracker: transcript and frames."""
+        if not trajectories:
+            return
+        t = trajectories[0]
+        name = f"episode/{t.request.slot.tag}"
+        text = transcript(f"step {step}, env {t.request.slot.env_id}", t.messages, t.turn_rewards, t.metrics)
+        self.tracker.log_episode(name, text, filmstrip(t.frames) if t.frames else None, step)
+
     def devices_to(self, role: str) -> None:
         """Make ``role`` resident on its devices, freeing the colocated roles' memory first."""
         if not self.time_share or role not in self.clusters:

@@ -62,6 +62,16 @@ def build_slots(custom_envs: dict[str, Any], em: Any) -> list[EnvSlot]:
     return slots
 
 
+def episode_requests(slots: list[EnvSlot], per_env: int, seed: int, name: str, step: int, fixed_seeds: bool) -> list[EpisodeRequest]:
+    """The episodes a rollout plays at ``step``: ``per_env`` (max_traj_per_env) per env; the envs of a group
+    share each episode's seed. With ``fixed_seeds`` (validation) every collection plays the same
+    episodes, so the curve over steps measures the policy, not the luck of the levels; the seeds follow
+    only from ``seed``, so a resumed run keeps them."""
+    seed_step = 0 if fixed_seeds else step
+    return [EpisodeRequest(slot, mix_seed(seed, name, seed_step, slot.group_id, k), k)
+            for k in range(per_env) for slot in slots]
+
+
 def mix_seed(*parts: Any) -> int:
     """A stable 31-bit seed from parts (same value in every process and run)."""
     return zlib.crc32(":".join(map(str, parts)).encode()) & 0x7FFFFFFF
@@ -119,16 +129,7 @@ class RolloutScheduler:
         return out
 
     def requests(self, step: int) -> list[EpisodeRequest]:
-        """``max_traj_per_env`` episodes per env; the envs of a group share each episode's seed. With
-        ``fixed_seeds`` (validation) every collection plays the same episodes, so the curve over steps
-        measures the policy, not the luck of the levels; the seeds follow only from ``seed``, so a
-        resumed run keeps them."""
-        seed_step = 0 if self.fixed_seeds else step
-        out = []
-        for k in range(self.em.max_traj_per_env):
-            for slot in self.slots:
-                out.append(EpisodeRequest(slot, mix_seed(self.seed, self.name, seed_step, slot.group_id, k), k))
-        return out
+        return episode_requests(self.slots, self.em.max_traj_per_env, self.seed, self.name, step, self.fixed_seeds)
 
     def collect(self, n: int, step: int = 0) -> RolloutResult:
         start = time.perf_counter()
@@ -352,7 +353,8 @@ def make_rollout(cfg: Any, mode: str, template: ChatTemplate, factory_for: Calla
     """The train or validation rollout of a finalized PipelineConfig; ``factory_for(params, keep_frames)``
     chooses where the env managers run (``local_factory`` or ``ray_factory``)."""
     em = cfg.train_env_manager if mode == "train" else cfg.val_env_manager
-    keep_frames = bool(render and cfg.render_save_dir)
+    # frames go to the render folder and to trackers that show images
+    keep_frames = bool(render and (cfg.render_save_dir or cfg.track_with in ("tensorboard", "wandb")))
     return RolloutScheduler(
         name="rollout" if mode == "train" else "val",
         slots=build_slots(cfg.custom_envs, em),
@@ -360,7 +362,7 @@ def make_rollout(cfg: Any, mode: str, template: ChatTemplate, factory_for: Calla
         template=template,
         factory=factory_for(sampling_params(cfg, em), keep_frames),
         seed=cfg.seed,
-        render_dir=cfg.render_save_dir if keep_frames else None,
+        render_dir=cfg.render_save_dir if render else None,
         take_generation_stats=take_stats,
         fixed_seeds=mode != "train",
     )

@@ -44,6 +44,9 @@ def inert_settings(cfg: schema.PipelineConfig) -> dict[str, str]:
             out[role] = started
             continue
         _inert_fields(worker, role, out)
+        if worker.training_args.bf16 and worker.strategy_args.strategy_name != "deepspeed_train" and role in TRAINING_ROLES:
+            out[f"{role}.training_args.bf16"] = (f"only deepspeed_train autocasts; {worker.strategy_args.strategy_name} "
+                                                 "takes its precision from model_args.dtype")
         for key, readers in ROLE_READERS.items():
             if role not in readers:
                 for path, why in _changed(worker, key, role):

@@ -25,8 +25,8 @@ NO_EFFECT: dict[str, dict[str, str]] = {
         "user_defined_rollout_loop_cls": "use env_manager_cls / worker_cls",
         "val_prompt_length": "validation uses prompt_length",
         "val_sequence_length": "validation uses sequence_length",
-        "enable_old_logprobs_recompute": "old log-probs are always recomputed by actor_train",
-        "force_disable_old_logprobs_recompute": "old log-probs are always recomputed by actor_train",
+        "force_disable_old_logprobs_recompute": "the training forward's log-probs serve as old log-probs exactly "
+        "when that is exact (see enable_old_logprobs_recompute), never otherwise",
         "train_infer_correction": "train/infer mismatch correction is not implemented",
         "offload_backend": "offload uses the strategy's own mechanism",
     },

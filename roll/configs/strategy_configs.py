@@ -56,6 +56,14 @@ class SGLangConfig:
 
 
 @dataclass
+class HFInferConfig:
+    enable_prefix_caching: bool = opt(
+        True, "Keep each finished request's KV and reuse it for prompts that start with the same tokens (a "
+        "conversation's next turn, a shared opening); off: every prompt is encoded whole.")
+    prefix_cache_tokens: int = opt(65536, "Most tokens whose KV the prefix cache holds (least recently used go first).")
+
+
+@dataclass
 class MegatronConfig:
     tensor_model_parallel_size: int = opt(1, "Tensor parallel size: each layer's matrices split over this many GPUs.")
     pipeline_model_parallel_size: int = opt(1, "Pipeline parallel size: the layers split into this many stages.")
@@ -104,6 +112,7 @@ class MegatronConfig:
 STRATEGY_CONFIGS: dict[str, type] = {
     "vllm": VLLMConfig,
     "sglang": SGLangConfig,
+    "hf_infer": HFInferConfig,
     "megatron_train": MegatronConfig,
     "megatron_infer": MegatronConfig,
 }
@@ -122,7 +131,7 @@ def parse_strategy_config(strategy: str, raw: Mapping[str, Any] | None, path: st
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     aliases = _ALIASES.get(cls, {})
-    passthrough_key = _PASSTHROUGH[cls]
+    passthrough_key = _PASSTHROUGH.get(cls)
     kwargs: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     for key, value in raw.items():
@@ -136,10 +145,14 @@ def parse_strategy_config(strategy: str, raw: Mapping[str, Any] | None, path: st
         hint = nearest(key, names)
         if hint is not None and hint != passthrough_key:
             raise ConfigError(join_path(path, key), f"unknown key; did you mean {join_path(path, hint)}?")
+        if passthrough_key is None:
+            raise ConfigError(join_path(path, key), f"unknown key ({strategy} takes: {', '.join(sorted(names))})")
         extra[key] = value
-    kwargs[passthrough_key] = {**extra, **kwargs.get(passthrough_key, {})}
+    if passthrough_key is not None:
+        kwargs[passthrough_key] = {**extra, **kwargs.get(passthrough_key, {})}
     config = cls(**kwargs)
-    _CHECKS[cls](config, path)
+    if cls in _CHECKS:
+        _CHECKS[cls](config, path)
     return config
 
 

@@ -16,9 +16,9 @@ CHATML = (
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 _CORPUS = """
-You are solving the Sokoban puzzle. You are the player and you need to push all boxes to targets.
-The meaning of each symbol in the state is: #: wall, _: empty, O: target, X: box, P: player.
-Your available actions are: Up, Down, Left, Right. Answer with one action, e.g. <answer>Up</answer>.
+Sokoban. You are the player on a grid seen from above. Step into a box to shove it onto a target.
+Symbols: #: wall, _: empty, O: target, X: box, P: player. The board: Which move do you make?
+Moves: Up, Down, Left, Right. Reply with one move in answer tags, like <answer>Up</answer>.
 <answer>Up</answer> <answer>Down</answer> <answer>Left</answer> <answer>Right</answer>
 <think>I should push the box to the target.</think> <answer>Right</answer>
 Turn 1: Observation: ###### #__O## #_X__# #_P__# ###### You have 5 actions left.

@@ -129,7 +129,8 @@ class DeepSpeedTrainStrategy(TrainStrategy):
         mask = batch["attention_mask"].to(self.device)
         pos = batch.tensors.get("position_ids")
         pos = (pos if pos is not None else position_ids_from_mask(mask)).to(self.device)
-        with torch.set_grad_enabled(grad):
+        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.training_args.bf16)
+        with torch.set_grad_enabled(grad), autocast:
             if self.is_critic:
                 return ForwardOutput(values=self.engine(input_ids=ids, attention_mask=mask, position_ids=pos).float())
             logits = self.engine(input_ids=ids, attention_mask=mask, position_ids=pos).logits

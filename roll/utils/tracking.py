@@ -17,6 +17,10 @@ class Tracker:
     def log(self, metrics: dict[str, float], step: int) -> None:
         raise NotImplementedError
 
+    def log_episode(self, name: str, text: str, image: Any | None, step: int) -> None:
+        """One sampled episode beside the curves: its transcript and its frames as one image ([H, W, 3]
+        uint8), where the tracker can show them."""
+
     def close(self) -> None:
         pass
 
@@ -44,6 +48,12 @@ class TensorBoardTracker(Tracker):
                 self.writer.add_scalar(k, v, step)
         self.writer.flush()
 
+    def log_episode(self, name: str, text: str, image: Any | None, step: int) -> None:
+        self.writer.add_text(name, "```\n" + text + "\n```", step)  # a code block keeps the boards aligned
+        if image is not None:
+            self.writer.add_image(name, image, step, dataformats="HWC")
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()
 
@@ -62,6 +72,14 @@ class WandbTracker(Tracker):
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log({k: v for k, v in metrics.items() if _finite(v)}, step=step)
 
+    def log_episode(self, name: str, text: str, image: Any | None, step: int) -> None:
+        import wandb
+
+        entry: dict[str, Any] = {f"{name}/transcript": wandb.Html(f"<pre>{_html_escape(text)}</pre>")}
+        if image is not None:
+            entry[f"{name}/frames"] = wandb.Image(image)
+        self.run.log(entry, step=step)
+
     def close(self) -> None:
         self.run.finish()
 
@@ -75,6 +93,12 @@ def make_tracker(track_with: str, tracker_kwargs: dict[str, Any], logging_dir: s
         kwargs.setdefault("dir", logging_dir)
         return WandbTracker(**kwargs)
     return StdoutTracker()
+
+
+def _html_escape(text: str) -> str:
+    import html
+
+    return html.escape(text)
 
 
 def _finite(v: Any) -> bool:

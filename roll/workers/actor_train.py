@@ -20,7 +20,10 @@ def make_actor_loss_fn(cfg: ActorLossConfig):
         mask = micro["response_mask"].float()
         positive = micro["scores"] > 0 if cfg.sft_loss_coef and "scores" in micro else None
         entropy = out.entropy() if cfg.entropy_loss_coef else None
-        return actor_loss(out.logprobs, micro["old_logprobs"], micro["advantages"], mask, cfg,
+        # Without old log-probs in the batch, this forward is the first on these weights: its own log-probs
+        # are the old ones (the pipeline only leaves them out when that is exact).
+        old = micro["old_logprobs"] if "old_logprobs" in micro else out.logprobs.detach()
+        return actor_loss(out.logprobs, old, micro["advantages"], mask, cfg,
                           ref_logprob=micro.tensors.get("ref_logprobs"), entropy=entropy, positive_rows=positive,
                           counts=counts)
 

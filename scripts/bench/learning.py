@@ -1,69 +1,184 @@
-"""SmolLM2 (or any config) for N steps: success rate and reward per step, plotted to a PNG.
+"""The learning curve of a config (default: the embedded CPU default) with two baselines on the same seeds.
 
-    .venv/bin/python scripts/bench/learning.py --steps 20 --out output/learning.png [key=value ...]
+Runs the config for N steps (or reads a finished run's TensorBoard folder with --from_tensorboard) and
+writes, per step, the mean episode score, success rate and valid-action rate of the training rollouts
+and of validation (a fixed seed set, greedy) as JSON and a PNG. Beside them, on exactly the episodes the
+run played: a policy that picks a uniformly random move each turn (every reply valid) and the solver's
+optimal policy (the env's expert).
+
+    .venv/bin/python scripts/bench/learning.py --steps 20 --out docs/learning_curve.png [key=value ...]
+    .venv/bin/python scripts/bench/learning.py --from_tensorboard output/agentic_sokoban/tensorboard
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
+import time
 from pathlib import Path
+from typing import Any
 
-import _common  # noqa: F401
+import _common  # noqa: F401  (puts the repo on sys.path)
+
+CURVES = ("score", "success", "valid")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config_name", default="agentic_sokoban")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--out", default="output/learning.png")
-    p.add_argument("overrides", nargs="*")
-    args = p.parse_args()
-    from roll.agentic.pipeline import AgenticPipeline
-    from roll.configs.loading import load_config
+def rollout_curves(metrics: dict[str, float], prefix: str, tag: str) -> dict[str, float]:
+    return {"score": metrics.get(f"{prefix}/score", float("nan")),
+            "success": metrics.get(f"{prefix}/success", float("nan")),
+            "valid": metrics.get(f"{prefix}/{tag}/action_is_valid", float("nan"))}
 
-    cfg = load_config(args.config_name, overrides=[f"max_steps={args.steps}", "eval_steps=0", "save_steps=0",
-                                                    "track_with=stdout", *args.overrides]).config
-    pipeline = AgenticPipeline(cfg)
-    history: list[dict[str, float]] = []
 
-    class Keep:
-        def log(self, m, step):
-            history.append({"step": step, "score": m.get("rollout/score", 0.0), "success": m.get("rollout/success", 0.0),
-                            "valid": m.get(f"rollout/{cfg.train_env_manager.tags[0]}/action_is_valid", 0.0)})
-            print(json.dumps(history[-1]), flush=True)
+def play(entry: dict[str, Any], seed: int, policy: str, rng: random.Random) -> dict[str, float]:
+    """One episode of ``policy`` ('random' or 'solver') on the env ``entry`` with ``seed``."""
+    from envs.registration import make_env
 
-        def close(self):
-            pass
+    env = make_env(entry["env_type"], entry.get("entry_point"), **entry["env_config"])
+    env.reset(seed=seed)
+    total, valid, turns, success = 0.0, 0, 0, 0.0
+    for _ in range(int(entry.get("max_steps", 10))):
+        action = rng.choice(list(env.action_vocabulary())) if policy == "random" else env.expert_action()
+        _, reward, terminated, truncated, info = env.step(env.answer_text(action))
+        total += reward
+        turns += 1
+        valid += int(info["metrics"]["action_is_valid"])
+        success = info["metrics"]["success"]
+        if terminated or truncated:
+            break
+    return {"score": total, "success": success, "valid": valid / max(turns, 1)}
 
-    pipeline.tracker = Keep()
-    try:
-        pipeline.run()
-    finally:
-        pipeline.shutdown()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    (out.with_suffix(".json")).write_text(json.dumps(history, indent=1))
+
+def baselines(cfg: Any, steps: list[int]) -> dict[str, dict[str, dict[str, float]]]:
+    """policy -> {'train': mean over the training episodes of ``steps``, 'val': mean over the val seeds}."""
+    from roll.agentic.rollout import build_slots, episode_requests
+
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for policy in ("random", "solver"):
+        rng = random.Random(cfg.seed)
+        out[policy] = {}
+        for mode, em, fixed in (("train", cfg.train_env_manager, False), ("val", cfg.val_env_manager, True)):
+            slots = build_slots(cfg.custom_envs, em)
+            name = "rollout" if mode == "train" else "val"
+            episodes = []
+            for step in steps if mode == "train" else [0]:
+                seen: set[tuple[int, int]] = set()
+                for r in episode_requests(slots, em.max_traj_per_env, cfg.seed, name, step, fixed):
+                    if policy == "solver" and (r.seed, r.slot.group_id) in seen:
+                        continue  # the solver plays a group's shared level the same way every time
+                    seen.add((r.seed, r.slot.group_id))
+                    episodes.append(play(r.slot.entry, r.seed, policy, rng))
+            out[policy][mode] = {k: sum(e[k] for e in episodes) / len(episodes) for k in CURVES}
+    return out
+
+
+def from_tensorboard(folder: str, tag: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(folder, size_guidance={"scalars": 0})
+    acc.Reload()
+    scalars = {k: {e.step: e.value for e in acc.Scalars(k)} for k in acc.Tags()["scalars"]}
+    steps = sorted(scalars.get("rollout/score", {}))
+    train = [{"step": s, **rollout_curves({k: v[s] for k, v in scalars.items() if s in v}, "rollout", tag)} for s in steps]
+    val_steps = sorted(scalars.get("val/score", {}))
+    val = [{"step": s, **rollout_curves({k: v[s] for k, v in scalars.items() if s in v}, "val", tag)} for s in val_steps]
+    return train, val
+
+
+def plot(path: Path, title: str, train: list[dict], val: list[dict], base: dict) -> bool:
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print(f"matplotlib is not installed (pip install 'roll[plot]'); the curve is in {out.with_suffix('.json')}")
-        return
-    fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
-    steps = [h["step"] for h in history]
-    ax[0].plot(steps, [h["score"] for h in history], marker="o")
-    ax[0].set(title="mean episode reward", xlabel="step")
-    ax[1].plot(steps, [h["success"] for h in history], marker="o", label="success")
-    ax[1].plot(steps, [h["valid"] for h in history], marker="x", label="valid actions")
-    ax[1].set(title="rates", xlabel="step", ylim=(-0.05, 1.05))
-    ax[1].legend()
-    fig.suptitle(f"{args.config_name}: {cfg.actor_train.model_args.model_name_or_path}")
+        print("matplotlib is not installed (pip install 'roll[plot]'): only the JSON is written")
+        return False
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    labels = {"score": "mean episode score", "success": "success rate", "valid": "valid-action rate"}
+    for ax, key in zip(axes, CURVES):
+        ax.plot([h["step"] for h in train], [h[key] for h in train], marker="o", ms=3, label="policy (training episodes)")
+        if val:
+            ax.plot([h["step"] for h in val], [h[key] for h in val], marker="s", ms=4, label="policy (validation, greedy)")
+        for policy, style in (("random", ":"), ("solver", "--")):
+            ax.axhline(base[policy]["train"][key], ls=style, color="gray" if policy == "random" else "green",
+                       label=f"{policy} moves (same episodes)")
+        ax.set(title=labels[key], xlabel="step")
+        if key != "score":
+            ax.set_ylim(-0.05, 1.05)
+    axes[0].legend(fontsize=7, loc="best")
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    print(f"wrote {out}")
+    fig.savefig(path, dpi=90)
+    return True
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config_name", default="agentic_sokoban")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--eval_every", type=int, default=5)
+    p.add_argument("--from_tensorboard", default=None, help="plot a finished run of --config_name instead of running one")
+    p.add_argument("--out", default="output/learning_curve.png")
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args()
+    from roll.configs.loading import load_config
+
+    overrides = list(args.overrides)
+    if args.from_tensorboard is None:
+        overrides = [f"max_steps={args.steps}", f"eval_steps={args.eval_every}", "save_steps=0", *overrides]
+    cfg = load_config(args.config_name, overrides=overrides).config
+    tag = cfg.train_env_manager.tags[0]
+    start = time.perf_counter()
+    if args.from_tensorboard is not None:
+        train, val = from_tensorboard(args.from_tensorboard, tag)
+        wall = None
+    else:
+        from roll.agentic.pipeline import AgenticPipeline
+
+        train, val = [], []
+        pipeline = AgenticPipeline(cfg)
+        real = pipeline.tracker
+
+        class Recorder:  # keeps the curves and still logs to the config's tracker
+            def log(self, m: dict[str, float], step: int) -> None:
+                train.append({"step": step, **rollout_curves(m, "rollout", tag)})
+                if "val/score" in m:
+                    val.append({"step": step, **rollout_curves(m, "val", tag)})
+                print(json.dumps({"step": step, "train": train[-1], "val": val[-1] if val and val[-1]["step"] == step else None}), flush=True)
+                real.log(m, step)
+
+            def log_episode(self, *a: Any) -> None:
+                real.log_episode(*a)
+
+            def close(self) -> None:
+                real.close()
+
+        pipeline.tracker = Recorder()
+        try:
+            pipeline.run()
+        finally:
+            pipeline.shutdown()
+        wall = time.perf_counter() - start
+    base = baselines(cfg, [h["step"] for h in train])
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    first, last = (train[0], train[-1]) if train else ({}, {})
+    summary = {"config": args.config_name, "steps": len(train), "wall_s": wall, "train": train, "val": val,
+               "baselines": base, "first_step": first, "last_step": last}
+    out.with_suffix(".json").write_text(json.dumps(summary, indent=1))
+    print(f"{args.config_name}: {len(train)} steps" + (f" in {wall / 60:.1f} min" if wall else ""))
+    for key in CURVES:
+        if train:
+            print(f"  {key:8s} first step {first[key]:7.3f}  last step {last[key]:7.3f}   random {base['random']['train'][key]:7.3f}"
+                  f"  solver {base['solver']['train'][key]:7.3f}")
+    if val:
+        print(f"  validation (fixed seeds): success {val[0]['success']:.3f} -> {val[-1]['success']:.3f}, "
+              f"valid {val[0]['valid']:.3f} -> {val[-1]['valid']:.3f}   random {base['random']['val']['success']:.3f}"
+              f"  solver {base['solver']['val']['success']:.3f}")
+    title = f"{args.config_name}: {Path(str(cfg.pretrain)).name}" + (f", {wall / 60:.0f} min on this machine" if wall else "")
+    if plot(out, title, train, val, base):
+        print(f"wrote {out} and {out.with_suffix('.json')}")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ def main() -> None:
     p.add_argument("--length", type=int, default=256)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--stage", type=int, default=2)
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast in both (training_args.bf16)")
     p.add_argument("--ds", default="examples/config/deepspeed_zero2.yaml", help="DeepSpeed config piece (yaml)")
     args = p.parse_args()
     path = _common.model_path(args.model)
@@ -45,8 +46,9 @@ def main() -> None:
     times = []
     for step in range(args.steps + 1):
         t0 = time.perf_counter()
-        logits = model(input_ids=ids, attention_mask=mask).logits
-        loss = -shifted_token_logprobs(logits, ids)[:, 1:].mean()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            logits = model(input_ids=ids, attention_mask=mask).logits
+            loss = -shifted_token_logprobs(logits, ids)[:, 1:].mean()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -66,6 +68,7 @@ def main() -> None:
     piece = yaml.safe_load(open(args.ds))
     cfg.strategy_args.strategy_config = next(iter(piece.values()))
     args.stage = cfg.strategy_args.strategy_config["zero_optimization"]["stage"]
+    cfg.training_args.bf16 = args.bf16
     strategy = DeepSpeedTrainStrategy(cfg, StrategyContext(seed=0))
     strategy.initialize()
     batch = Batch({"input_ids": ids, "attention_mask": mask, "response_mask": mask})
@@ -76,9 +79,10 @@ def main() -> None:
         if step:
             times.append(time.perf_counter() - t0)
     ours = tokens / (sum(times) / len(times))
-    print(f"train step, {args.model}, batch {args.rows}x{args.length} fp32, {torch.get_num_threads()} threads")
+    precision = "bf16 autocast" if args.bf16 else "fp32"
+    print(f"train step, {args.model}, batch {args.rows}x{args.length} {precision}, {torch.get_num_threads()} threads")
     print(f"  plain torch AdamW loop : {base:8.1f} tokens/s")
-    print(f"  deepspeed_train ZeRO-{args.stage}: {ours:8.1f} tokens/s  ({ours / base:.2f}x of plain; target >= 0.85x)")
+    print(f"  deepspeed_train ZeRO-{args.stage}: {ours:8.1f} tokens/s  ({ours / base:.2f}x of plain; target >= 0.9x)")
 
 
 if __name__ == "__main__":

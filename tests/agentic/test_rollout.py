@@ -111,7 +111,8 @@ def test_groups_share_seeds_and_partitions_match(tok):
     result = r.collect(6, step=3)
     first_obs = {}
     for t in result.trajectories:
-        first_obs.setdefault(t.request.slot.group_id, set()).add(t.messages[1]["content"])
+        opening = 1 + 2 * int(t.request.slot.entry.get("num_demonstrations") or 0)  # system, demonstration pairs
+        first_obs.setdefault(t.request.slot.group_id, set()).add(t.messages[opening]["content"])
         assert t.request.seed == result.trajectories[[x.request.slot.group_id for x in result.trajectories].index(t.request.slot.group_id)].request.seed
     assert all(len(v) == 1 for v in first_obs.values())  # one group = one level
     assert len({next(iter(v)) for v in first_obs.values()}) == 3
@@ -134,11 +135,14 @@ def test_step_wise_rows_carry_state_hashes(tok):
         if b["step_idx"][i] == 0:
             first.setdefault(b["traj_group_id"][i], set()).add(b["state_hash"][i])
     assert all(len(v) == 1 for v in first.values())  # same group, same first state
-    # each step row is exactly its prompt plus the sampled tokens, with at most 1 past exchange
+    # each step row is exactly its prompt plus the sampled tokens: the opening (with its demonstration
+    # exchanges) and at most 1 past exchange
+    demos = cfg.custom_envs["SimpleSokoban"].num_demonstrations
     for i in range(len(b)):
         ids = b["input_ids"][i][b["attention_mask"][i].bool()]
         text = template.decode(ids.tolist())
-        assert text.count("<|im_start|>assistant") <= 2
+        assert text.count("<|im_start|>assistant") <= 2 + demos
+        assert text.count("<|im_start|>assistant") >= 1 + demos
 
 
 @pytest.mark.parametrize("template_kind", ["smollm2_style_tiny", "qwen_style"])

@@ -29,7 +29,7 @@ def test_default_config_loads_with_derived_values():
     assert cfg.actor_infer.world_size == 1 and cfg.reference is None  # no KL term: no reference role
     assert cfg.actor_train.strategy_args.strategy_config["zero_optimization"]["stage"] == 0
     assert cfg.actor_train.model_args.model_name_or_path == cfg.pretrain  # filled from pretrain
-    assert cfg.custom_envs["SimpleSokoban"].max_tokens_per_step == 48  # top-level override reaches the entry
+    assert cfg.custom_envs["SimpleSokoban"].max_tokens_per_step == 24  # top-level override reaches the entry
     assert cfg.custom_envs["SimpleSokoban"].env_config["dim_room"] == [6, 6]
     em = cfg.train_env_manager
     assert em.num_groups_partition == [2] and em.max_traj_per_env == 1  # 8 trajectories over 8 envs

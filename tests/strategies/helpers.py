@@ -8,12 +8,12 @@ from roll.distributed.batch import Batch
 
 
 def worker_config(path, strategy="deepspeed_train", stage=0, lr=1e-2, micro=2, gas=2, model_type=None, dtype="fp32",
-                  eps=1e-8, infer_batch_size=3, schedule="constant"):
+                  eps=1e-8, infer_batch_size=3, schedule="constant", bf16=False):
     sc = {"zero_optimization": {"stage": stage}} if strategy == "deepspeed_train" else None
     return WorkerConfig(
         model_args=ModelArgs(model_name_or_path=path, dtype=dtype, disable_gradient_checkpointing=True, model_type=model_type),
         training_args=TrainingArgs(learning_rate=lr, per_device_train_batch_size=micro, gradient_accumulation_steps=gas,
-                                   adam_epsilon=eps, lr_scheduler_type=schedule),
+                                   adam_epsilon=eps, lr_scheduler_type=schedule, bf16=bf16),
         strategy_args=StrategyArgs(strategy, sc),
         infer_batch_size=infer_batch_size,
     )

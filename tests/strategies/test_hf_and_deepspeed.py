@@ -1,6 +1,8 @@
 """hf_infer and deepspeed_train on CPU with a tiny model: log-prob agreement, learning, ZeRO
 stages, weight sync, checkpoints, generation."""
 
+import copy
+
 import pytest
 import torch
 
@@ -13,7 +15,7 @@ from roll.strategies.hf_infer import HFInferStrategy
 from roll.strategies.registry import StrategyRegistry
 from roll.workers.actor_train import make_actor_loss_fn
 
-from .helpers import fixed_batch, ppo_loss_fn, with_old_logprobs, worker_config
+from .helpers import SGD_LIKE, fixed_batch, ppo_loss_fn, sgd_step, with_old_logprobs, worker_config
 
 
 @pytest.fixture(scope="module")
@@ -230,3 +232,50 @@ def test_registry_errors_are_clear():
     assert reg.resolve("roll.strategies.hf_infer.HFInferStrategy") is HFInferStrategy
     with pytest.raises(ConfigError, match="cannot import"):
         reg.resolve("no.such.Thing")
+
+
+def test_old_logprobs_from_the_training_forward_give_the_recomputed_update(tiny_model_path):
+    """The shortcut (no old_logprobs in the batch: the training forward's own, detached) takes the same
+    optimizer step as recomputing them first, when the step is the first on these weights."""
+    from roll.algorithms.losses import ActorLossConfig
+    from roll.workers.actor_train import make_actor_loss_fn
+
+    loss_fn = make_actor_loss_fn(ActorLossConfig(agg_mode="token-mean"))
+    batch = fixed_batch(seed=4)
+    batch.tensors["advantages"] = torch.randn(batch["input_ids"].shape, generator=torch.Generator().manual_seed(1))
+    steps = []
+    for recompute in (True, False):
+        train = make_train(tiny_model_path, lr=SGD_LIKE["lr"], eps=SGD_LIKE["eps"], micro=2, gas=2)
+        before = {k: v.clone() for k, v in train.state_dict().items()}
+        b = with_old_logprobs(batch, train.compute_log_probs(batch)) if recompute else copy.copy(batch)
+        if not recompute:
+            b.tensors = {k: v for k, v in batch.tensors.items() if k != "old_logprobs"}
+        metrics = train.train_step(b, loss_fn)
+        steps.append((sgd_step(before, train.state_dict()), metrics))
+    (a, ma), (b_, mb) = steps
+    for name in a:
+        torch.testing.assert_close(a[name], b_[name], atol=1e-6, rtol=1e-4)
+    assert ma["actor/pg_clipfrac"] == mb["actor/pg_clipfrac"] == 0.0
+
+
+def test_bf16_autocast_logprobs_agree_with_fp32_and_bf16_inference(tiny_model_path):
+    """Train in fp32 weights under bf16 autocast, infer with bf16 weights: both within bf16 rounding of
+    the fp32 log-probs (stated tolerance 0.05 nats per token on this model), and learning still works."""
+    fp32 = make_train(tiny_model_path)
+    mixed = DeepSpeedTrainStrategy(worker_config(tiny_model_path, bf16=True), StrategyContext(role="actor_train", seed=1))
+    mixed.initialize()
+    infer = HFInferStrategy(worker_config(tiny_model_path, "hf_infer", dtype="bf16"))
+    infer.initialize()
+    batch = fixed_batch(length=24)
+    exact, train_bf16, infer_bf16 = fp32.compute_log_probs(batch), mixed.compute_log_probs(batch), infer.compute_log_probs(batch)
+    mask = batch["attention_mask"].bool()
+    gap_train = (train_bf16 - exact)[mask].abs().max()
+    gap_infer = (infer_bf16 - exact)[mask].abs().max()
+    gap_between = (train_bf16 - infer_bf16)[mask].abs().max()
+    assert 0 < gap_train < 0.05 and gap_infer < 0.05 and gap_between < 0.05, (gap_train, gap_infer, gap_between)
+    assert next(mixed.engine.module.parameters()).dtype == torch.float32  # master weights stay fp32
+    b = with_old_logprobs(batch, train_bf16)
+    loss_before = ppo_loss_fn(b, type("O", (), {"logprobs": train_bf16})(), GlobalCounts.of(b["response_mask"]))[0]
+    mixed.train_step(b, ppo_loss_fn)
+    after = mixed.compute_log_probs(batch)
+    assert ppo_loss_fn(b, type("O", (), {"logprobs": after})(), GlobalCounts.of(b["response_mask"]))[0] < loss_before

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 GenerateFn = Callable[[str, list[int], SamplingParams], Generation]
 DEFAULT_SYSTEM = "You're a helpful assistant."
 DEFAULT_TEMPLATE = "{observation}"
+DEMONSTRATION_SEED = 1 << 30  # boards of the opening examples; far from the episode seeds a run draws
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ class TrajEnvManager:
         self.keep_frames = keep_frames
         self.deterministic = deterministic
         self._envs: dict[int, Any] = {}
+        self._demonstrations: dict[str, list[tuple[str, str]]] = {}
 
     # --- hooks a custom env manager may override
     def make_env(self, slot: EnvSlot) -> Any:
@@ -127,6 +129,32 @@ class TrajEnvManager:
 
     def system_prompt(self, slot: EnvSlot) -> str:
         return slot.entry.get("agent_system_template") or DEFAULT_SYSTEM
+
+    def opening(self, slot: EnvSlot, env: Any, observation: str, info: dict[str, Any], max_turns: int) -> list[dict[str, Any]]:
+        """The messages before the model's first turn: system, the demonstration exchanges (if the entry asks
+        for any), and the first observation. The env's instruction leads the first user message."""
+        tools = info.get("tools")
+        system = {"role": "system", "content": self.template.system_content(self.system_prompt(slot), tools)}
+        users = [self.format_observation(slot, obs, 1, max_turns) for obs, _ in self.demonstration_pairs(slot, env)]
+        replies = [reply for _, reply in self.demonstration_pairs(slot, env)]
+        users.append(self.format_observation(slot, observation, 1, max_turns))
+        instruction = info.get("env_instruction")
+        if instruction:
+            users[0] = f"{instruction}\n{users[0]}"
+        messages = [system]
+        for user, reply in zip(users, replies):
+            messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+        return messages + [{"role": "user", "content": users[-1]}]
+
+    def demonstration_pairs(self, slot: EnvSlot, env: Any) -> list[tuple[str, str]]:
+        """The entry's ``num_demonstrations`` (observation, reply) examples, made once per tag. They are made
+        on ``env`` before its episode's reset, so the episode is not affected."""
+        count = int(slot.entry.get("num_demonstrations") or 0)
+        if count <= 0:
+            return []
+        if slot.tag not in self._demonstrations:
+            self._demonstrations[slot.tag] = env.demonstrations(count, seed=DEMONSTRATION_SEED)
+        return self._demonstrations[slot.tag]
 
     # --- running
     def run(self, requests: list[EpisodeRequest]) -> tuple[list[Trajectory], list[EnvError]]:
@@ -166,15 +194,12 @@ class TrajEnvManager:
         env = self._env(slot)
         max_turns = int(entry.get("max_steps", 10))
         step_cap = int(entry.get("max_tokens_per_step", self.params.max_new_tokens))
+        self.demonstration_pairs(slot, env)  # before reset: making them resets the env
         t_env = time.perf_counter()
         obs, info = env.reset(seed=request.seed)
         env_time = time.perf_counter() - t_env
         tools = info.get("tools")
-        system = {"role": "system", "content": self.template.system_content(self.system_prompt(slot), tools)}
-        first = self.format_observation(slot, obs, 1, max_turns)
-        instruction = info.get("env_instruction")
-        user = {"role": "user", "content": f"{instruction}\n{first}" if instruction else first}
-        messages: list[dict[str, Any]] = [system, user]
+        messages = self.opening(slot, env, obs, info, max_turns)
         row = TokenRow()
         row.add_context(self.template.prompt_ids(messages, tools))
         history = _History(env)

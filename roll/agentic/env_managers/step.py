@@ -1,7 +1,7 @@
 """Step-wise env manager: one training row per turn (GiGPO, step_reinforce).
 
-Each turn's prompt is the system message, the first user message (instruction and first
-observation) and the last ``history_window`` exchanges; the row is exactly that prompt plus the
+Each turn's prompt is the opening (system message, any demonstration exchanges, the first user
+message with the instruction and first observation) and the last ``history_window`` exchanges; the row is exactly that prompt plus the
 sampled tokens. Rows carry a hash of the observation the action was taken in, so GiGPO can group
 identical states within a group.
 """
@@ -23,9 +23,10 @@ class StepEnvManager(TrajEnvManager):
     def turn_prompt(self, row: TokenRow, messages: list[dict[str, Any]], tools: list | None, slot: EnvSlot, turn: int) -> TokenRow:
         window = slot.entry.get("history_window")
         window = DEFAULT_HISTORY_WINDOW if window is None else int(window)
-        # messages = [system, first user (instruction + first observation), a1, o2, a2, o3, ...]; keep the
-        # last `window` (action, observation) pairs, and always the current observation.
-        head, rest = messages[:2], messages[2:]
+        # messages = [system, demonstration pairs, first user (instruction + first observation), a1, o2, a2, ...];
+        # keep the opening, the last `window` (action, observation) pairs, and always the current observation.
+        opening = 2 + 2 * int(slot.entry.get("num_demonstrations") or 0)
+        head, rest = messages[:opening], messages[opening:]
         kept = rest[-2 * window:] if window > 0 else rest[-1:]
         prompt = TokenRow()
         prompt.add_context(self.template.prompt_ids(head + kept, tools))
