@@ -27,7 +27,7 @@ pip_install --upgrade pip setuptools wheel
 # torch first: deepspeed builds against the installed torch (no build isolation).
 if [ -n "${PIP_CONSTRAINT:-}" ]; then pip_install torch==2.13.0; else pip_install torch; fi
 pip_install --no-build-isolation "deepspeed>=0.16"
-pip_install -e ".[dev]"
+pip_install -e ".[dev,plot]"
 # verl's core_algos is the independent oracle the algorithm tests compare against; its own
 # dependency list pulls a CUDA stack, so only the pieces core_algos imports are installed.
 pip_install --no-deps verl==0.9.1 tensordict==0.15.3 pyvers==0.2.3 codetiming==1.4.0 orjson==3.13.0

@@ -120,6 +120,7 @@ def main() -> None:
     p.add_argument("--eval_every", type=int, default=5)
     p.add_argument("--from_tensorboard", default=None, help="plot a finished run of --config_name instead of running one")
     p.add_argument("--out", default="output/learning_curve.png")
+    p.add_argument("--wall_min", type=float, default=None, help="with --from_tensorboard: the run's wall time, for the title")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
     from roll.configs.loading import load_config
@@ -132,7 +133,7 @@ def main() -> None:
     start = time.perf_counter()
     if args.from_tensorboard is not None:
         train, val = from_tensorboard(args.from_tensorboard, tag)
-        wall = None
+        wall = args.wall_min * 60 if args.wall_min else None
     else:
         from roll.agentic.pipeline import AgenticPipeline
 

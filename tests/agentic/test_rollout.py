@@ -208,8 +208,15 @@ def test_render_writes_transcripts_and_frames(tok, tmp_path):
     cfg = dataclasses.replace(config(), render_save_dir=str(tmp_path))
     r, _ = rollout(cfg, tok, ScriptedPolicy(tok, ANSWERS))
     r.collect(8, step=2)
-    files = sorted(p.name for p in (tmp_path / "rollout" / "step_00002").iterdir())
+    folder = tmp_path / "rollout" / "step_00002"
+    files = sorted(p.name for p in folder.iterdir())
     assert any(f.endswith(".txt") for f in files) and any(f.endswith(".png") for f in files)
+    from PIL import Image
+
+    gif = next(folder / f for f in files if f.endswith(".gif"))
+    frames = len([f for f in files if f.startswith(gif.stem + "_frame")])
+    with Image.open(gif) as image:  # the episode as one animation: a frame per state
+        assert image.n_frames == frames > 1
 
 
 def test_validation_plays_the_same_levels_at_every_eval(tok):

@@ -51,3 +51,22 @@ def test_trackers(tmp_path):
     tb.log({"rollout/score": 0.5}, 0)
     tb.close()
     assert any((tmp_path / "tb").iterdir())
+
+
+def test_tensorboard_gets_an_episode_transcript_and_its_frames(tmp_path):
+    import numpy as np
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from roll.agentic.render import filmstrip
+    from roll.utils.tracking import make_tracker
+
+    tracker = make_tracker("tensorboard", {"log_dir": str(tmp_path)}, str(tmp_path), "x")
+    frames = [np.full((16, 16, 3), v, dtype=np.uint8) for v in (0, 100, 200)]
+    tracker.log_episode("episode/SimpleSokoban", "turn 1: <answer>Up</answer>", filmstrip(frames), 3)
+    tracker.close()
+    acc = EventAccumulator(str(tmp_path), size_guidance={"images": 0, "tensors": 0})
+    acc.Reload()
+    image = acc.Images("episode/SimpleSokoban")[0]
+    assert image.step == 3 and image.width == 3 * 16 + 2 * 4 and image.height == 16
+    text = acc.Tensors("episode/SimpleSokoban/text_summary")[0]
+    assert b"<answer>Up</answer>" in text.tensor_proto.string_val[0]
