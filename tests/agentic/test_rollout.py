@@ -215,8 +215,12 @@ def test_render_writes_transcripts_and_frames(tok, tmp_path):
 
     gif = next(folder / f for f in files if f.endswith(".gif"))
     frames = len([f for f in files if f.startswith(gif.stem + "_frame")])
-    with Image.open(gif) as image:  # the episode as one animation: a frame per state
-        assert image.n_frames == frames > 1
+    with Image.open(gif) as image:  # the episode as one animation: every state shown for 600 ms
+        durations = []
+        for i in range(image.n_frames):  # (identical neighbouring states are merged into one longer frame)
+            image.seek(i)
+            durations.append(image.info["duration"])
+    assert frames > 1 and sum(durations) == 600 * frames
 
 
 def test_validation_plays_the_same_levels_at_every_eval(tok):

@@ -4,13 +4,14 @@
 import pytest
 
 from roll.agentic.pipeline import AgenticPipeline
+from roll.utils.tracking import Tracker
 
 from .learning import digits_config
 
 pytestmark = pytest.mark.slow
 
 
-class Recorder:
+class Recorder(Tracker):
     def __init__(self):
         self.scores = []
 

@@ -13,6 +13,7 @@ import pytest
 from roll.agentic.pipeline import AgenticPipeline
 from roll.configs.loading import load_config
 from roll.utils.checkpoint import complete_checkpoints
+from roll.utils.tracking import Tracker
 
 from ..configs.conftest import REPO
 from .learning import digits_overrides
@@ -22,7 +23,7 @@ COMPARED = ("rollout/score", "actor/pg_loss", "actor/grad_norm", "actor/ppo_kl",
             "reward/score_mean", "tokens/step")
 
 
-class Recorder:
+class Recorder(Tracker):
     def __init__(self):
         self.by_step = {}
 
