@@ -157,7 +157,10 @@ class TextEnv(gym.Env[str, str]):
         if self._done:
             return self.render_text(), 0.0, True, False, {"metrics": {}, "episode_over": True}
         self._turn += 1
-        parsed = self.parse(action if isinstance(action, str) else str(action))
+        try:
+            parsed = self.parse(action if isinstance(action, str) else str(action))
+        except (ValueError, RecursionError, OverflowError, TypeError) as e:  # model output never raises
+            parsed = Parsed(error=f"the response could not be parsed ({type(e).__name__})")
         if parsed.valid:
             out = self._apply(parsed.value)
             metrics = {"action_is_valid": 1.0, "action_is_effective": float(out.effective), "format_penalty": 0.0}

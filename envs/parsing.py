@@ -12,15 +12,66 @@ from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_ACTION_PATTERN = r"<answer>(.*?)</answer>"
+# Model output is untrusted: a response is judged on its first MAX_RESPONSE_CHARS characters (far more
+# than any turn's token cap produces), which bounds every regex and JSON parse below.
+MAX_RESPONSE_CHARS = 8192
+MAX_TOOL_CALL_CHARS = 4096
+MAX_JSON_DEPTH = 16
+QUOTE_CHARS = 40  # how much of a bad value an error message (which the model reads next) repeats
 THINK_ACTION_PATTERN = r"<think>(.*?)</think>\s*<answer>(.*?)</answer>"
 
 # Chat-template special tokens a sampler may leave in the text: <|im_end|>, <|eot_id|>, </s>, ...
 _SPECIAL_TOKENS = re.compile(r"<\|[^<>|]{1,40}\|>|</s>|<s>|<eos>|<bos>|<pad>|<\uff5c[^<>]{1,40}\uff5c>")
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
 def strip_special_tokens(text: str) -> str:
     return _SPECIAL_TOKENS.sub("", text)
+
+
+def bounded(text: str) -> str:
+    """The part of a response that is parsed, special tokens removed."""
+    return strip_special_tokens(str(text)[:MAX_RESPONSE_CHARS])
+
+
+def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
+    """``repr`` of a value, cut to ``limit`` characters (error messages never echo a whole response)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def json_depth(text: str) -> int:
+    """Deepest nesting of [ and { in JSON text, outside strings (one linear pass)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def load_json(text: str) -> tuple[Any, str | None]:
+    """Parse untrusted JSON: (value, None), or (None, why) for text that is malformed, too deep, or holds
+    numbers Python refuses (a 5000-digit integer)."""
+    if json_depth(text) > MAX_JSON_DEPTH:
+        return None, f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as e:
+        return None, f"not valid JSON ({e.msg} at position {e.pos})"
+    except (ValueError, RecursionError, OverflowError) as e:
+        return None, f"not usable JSON ({type(e).__name__})"
 
 
 @dataclass(frozen=True)
@@ -35,9 +86,24 @@ class Parsed:
         return self.error is None
 
 
+def _between(text: str, start: str, end: str) -> str | None:
+    """What a lazy ``start(.*?)end`` regex captures at its leftmost match, found in linear time (the regex
+    retries from every ``start`` and is quadratic on a response full of them)."""
+    i = text.find(start)
+    if i < 0:
+        return None
+    j = text.find(end, i + len(start))
+    return None if j < 0 else text[i + len(start): j]
+
+
 def parse_answer(text: str, pattern: str = DEFAULT_ACTION_PATTERN) -> Parsed:
     """The text the pattern captures (its last group: the answer of a think+answer pattern)."""
-    text = strip_special_tokens(text)
+    text = bounded(text)
+    if pattern == DEFAULT_ACTION_PATTERN:
+        value = _between(text, "<answer>", "</answer>")
+        if value is None:
+            return Parsed(error=f"no action found: the response must match {pattern}")
+        return Parsed(value=value.strip())
     match = re.search(pattern, text, flags=re.DOTALL)
     if match is None:
         return Parsed(error=f"no action found: the response must match {pattern}")
@@ -54,7 +120,7 @@ def parse_choice(text: str, vocabulary: dict[str, int], pattern: str = DEFAULT_A
     lookup = {name.lower(): action for name, action in vocabulary.items()}
     if key not in lookup:
         names = ", ".join(vocabulary)
-        return Parsed(error=f"unknown action {parsed.value!r}: choose one of {names}")
+        return Parsed(error=f"unknown action {quote(parsed.value)}: choose one of {names}")
     return Parsed(value=lookup[key])
 
 
@@ -65,53 +131,57 @@ class ToolCall:
 
 
 def parse_tool_call(text: str, tools: list[dict[str, Any]]) -> Parsed:
-    """Parse a Hermes/Qwen ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` and check it
-    against OpenAI-style tool schemas (name known, required arguments present, types right)."""
-    text = strip_special_tokens(text)
-    match = _TOOL_CALL.search(text)
-    if match is None:
+    """Parse a Hermes/Qwen ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` and validate the
+    arguments against the tool's JSON schema (``jsonschema``). String enums match case-insensitively
+    and are passed on in the schema's spelling."""
+    body = _between(bounded(text), "<tool_call>", "</tool_call>")
+    if body is None:
         return Parsed(error='no tool call found: reply with <tool_call>{"name": ..., "arguments": {...}}</tool_call>')
-    try:
-        payload = json.loads(match.group(1).strip())
-    except json.JSONDecodeError as e:
-        return Parsed(error=f"the tool call is not valid JSON ({e.msg} at position {e.pos})")
+    body = body.strip()
+    if len(body) > MAX_TOOL_CALL_CHARS:
+        return Parsed(error=f"the tool call is longer than {MAX_TOOL_CALL_CHARS} characters")
+    payload, problem = load_json(body)
+    if problem:
+        return Parsed(error=f"the tool call is {problem}")
     if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
         return Parsed(error='the tool call must be a JSON object with a "name" string')
     arguments = payload.get("arguments", {})
     if isinstance(arguments, str):  # some models emit the arguments as a JSON string
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            return Parsed(error='"arguments" must be a JSON object')
+        arguments, problem = load_json(arguments)
+        if problem:
+            return Parsed(error=f'"arguments" is {problem}')
     if not isinstance(arguments, dict):
         return Parsed(error='"arguments" must be a JSON object')
     schemas = {t["function"]["name"]: t["function"] for t in tools}
     name = payload["name"]
     if name not in schemas:
-        return Parsed(error=f"unknown tool {name!r}: available tools are {', '.join(schemas)}")
-    problem = _check_arguments(arguments, schemas[name].get("parameters", {}))
+        return Parsed(error=f"unknown tool {quote(name)}: available tools are {', '.join(schemas)}")
+    parameters = schemas[name].get("parameters", {})
+    arguments = _canonical_enums(arguments, parameters)
+    problem = _schema_error(arguments, parameters)
     if problem:
         return Parsed(error=f"bad arguments for {name}: {problem}")
     return Parsed(value=ToolCall(name, arguments))
 
 
-_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list}
+def _canonical_enums(arguments: dict[str, Any], parameters: dict[str, Any]) -> dict[str, Any]:
+    out = dict(arguments)
+    for key, spec in parameters.get("properties", {}).items():
+        value = out.get(key)
+        if isinstance(value, str) and isinstance(spec, dict) and "enum" in spec:
+            spelled = {str(e).lower(): e for e in spec["enum"]}
+            out[key] = spelled.get(value.lower(), value)
+    return out
 
 
-def _check_arguments(arguments: dict[str, Any], parameters: dict[str, Any]) -> str | None:
-    props = parameters.get("properties", {})
-    for name in parameters.get("required", []):
-        if name not in arguments:
-            return f"missing required argument {name!r}"
-    for name, value in arguments.items():
-        if name not in props:
-            return f"unexpected argument {name!r} (expected: {', '.join(props) or 'none'})"
-        spec = props[name]
-        expected = _JSON_TYPES.get(spec.get("type", ""), object)
-        if not isinstance(value, expected) or (spec.get("type") in ("integer", "number") and isinstance(value, bool)):
-            return f"argument {name!r} must be of type {spec.get('type')}, got {type(value).__name__}"
-        if "enum" in spec and value not in spec["enum"] and not (
-            isinstance(value, str) and value.lower() in [str(e).lower() for e in spec["enum"]]
-        ):
-            return f"argument {name!r} must be one of {spec['enum']}, got {value!r}"
-    return None
+def _schema_error(arguments: dict[str, Any], parameters: dict[str, Any]) -> str | None:
+    """The most relevant schema violation, in one short line, or None."""
+    import jsonschema
+
+    schema = {"type": "object", **parameters}
+    schema.setdefault("additionalProperties", False)  # an argument the tool does not take is a mistake
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(arguments))
+    if error is None:
+        return None
+    where = ".".join(str(p) for p in error.absolute_path)
+    return f"{where + ': ' if where else ''}{error.message[:160]}"

@@ -34,10 +34,12 @@ def config_to_yaml(config: object) -> str:
 
 def main(argv: Sequence[str] | None = None, *, search_roots: Sequence[Path] = ()) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    from roll.configs.inputs import check_inputs
     from roll.configs.loading import load_config
 
     try:
         loaded = load_config(args.config_name, args.config_path, args.overrides, search_roots=search_roots)
+        check_inputs(loaded.config)  # what the config points at on this machine, before anything starts
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
@@ -48,11 +50,16 @@ def main(argv: Sequence[str] | None = None, *, search_roots: Sequence[Path] = ()
     print(config_to_yaml(loaded.config), flush=True)
     if args.dry_run:
         return 0
+    from roll.agentic.rollout import RolloutFailure
+
     try:
         return train(loaded.config)
     except ConfigError as e:  # found at start-up, before any worker ran (e.g. a GPU backend without a GPU)
         print(f"config error: {e}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    except RolloutFailure as e:  # the envs gave no data to train on: one line, not a traceback from a tensor op
+        print(f"rollout error: {e}", file=sys.stderr)
+        return 1
 
 
 def train(config: object) -> int:

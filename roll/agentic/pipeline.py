@@ -30,6 +30,7 @@ import numpy as np
 from roll.agentic.advantage import compute_batch_advantages
 from roll.agentic.batch_adjust import adjust_batch
 from roll.agentic.conversation import ChatTemplate
+from roll.agentic.env_managers.base import EpisodeLimits
 from roll.agentic.render import filmstrip, transcript
 from roll.agentic.rollout import EnvManagerHost, make_rollout, ray_factory
 from roll.algorithms.kl import AdaptiveKLController, FixedKLController, kl_controller
@@ -43,7 +44,7 @@ from roll.configs.derive import (
     needs_reference,
     train_batch_size,
 )
-from roll.configs.errors import ConfigError
+from roll.configs.inputs import check_inputs
 from roll.configs.schema import PipelineConfig
 from roll.distributed.batch import Batch
 from roll.utils.checkpoint import read_state, resolve_resume, save_checkpoint
@@ -65,7 +66,7 @@ def preflight(cfg: PipelineConfig) -> None:
 
     for role in pipeline_roles(cfg):
         check_backend(getattr(cfg, role).strategy_args.strategy_name, f"{role}.strategy_args.strategy_name")
-    check_demonstrations(cfg)
+    check_inputs(cfg)
 
 
 def old_logprobs_need_recompute(cfg: PipelineConfig, rows: int, has_reference: bool) -> bool:
@@ -78,21 +79,6 @@ def old_logprobs_need_recompute(cfg: PipelineConfig, rows: int, has_reference: b
     ta = cfg.actor_train.training_args
     per_rank = -(-rows // data_parallel_size(cfg.actor_train))
     return per_rank > ta.per_device_train_batch_size * ta.gradient_accumulation_steps
-
-
-def check_demonstrations(cfg: PipelineConfig) -> None:
-    """Every env that opens with demonstrations can make them (it has an expert and the answer pattern)."""
-    from envs.registration import make_env
-
-    tags = dict.fromkeys(cfg.train_env_manager.tags + cfg.val_env_manager.tags)
-    for tag in tags:
-        entry = cfg.custom_envs[tag]
-        if entry.num_demonstrations <= 0:
-            continue
-        try:
-            make_env(entry.env_type, entry.entry_point, **entry.env_config).demonstrations(1)
-        except (ValueError, NotImplementedError) as e:
-            raise ConfigError(f"custom_envs.{tag}.num_demonstrations", str(e)) from None
 
 
 class AgenticPipeline:
@@ -177,7 +163,8 @@ class AgenticPipeline:
 
             def make(params: Any, keep_frames: bool):
                 return ray_factory(host, tokenizer_path, params, cfg.sequence_length, keep_frames, self.server,
-                                   {**cfg.system_envs, **em.system_envs}, cfg.deterministic)
+                                   {**cfg.system_envs, **em.system_envs}, cfg.deterministic, EpisodeLimits.of(em),
+                                   cfg.rpc_timeout)
 
             return make
 

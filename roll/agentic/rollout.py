@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from roll.agentic.conversation import ChatTemplate
-from roll.agentic.env_managers.base import EnvError, EnvSlot, EpisodeRequest, Trajectory
+from roll.agentic.env_managers.base import EnvError, EnvSlot, EpisodeLimits, EpisodeRequest, Trajectory
 from roll.agentic.render import write_trajectory
 from roll.distributed.batch import Batch
 from roll.strategies.base import SamplingParams
@@ -60,6 +60,10 @@ def build_slots(custom_envs: dict[str, Any], em: Any) -> list[EnvSlot]:
                 slots.append(EnvSlot(len(slots), group, tag, entry))
             group += 1
     return slots
+
+
+class RolloutFailure(RuntimeError):
+    """Too few episodes survived a collection to train on."""
 
 
 def episode_requests(slots: list[EnvSlot], per_env: int, seed: int, name: str, step: int, fixed_seeds: bool) -> list[EpisodeRequest]:
@@ -148,6 +152,7 @@ class RolloutScheduler:
                     trajectories += t
                     errors += e
         wall = time.perf_counter() - start
+        self._check_healthy(trajectories, errors, n)
         chosen, incomplete, redundant = self._whole_groups(trajectories, n)
         batch = self.to_batch(chosen, step)
         metrics = self._metrics(chosen, errors, incomplete, wall)
@@ -155,6 +160,20 @@ class RolloutScheduler:
         if self.render_dir is not None:
             self._render(chosen, step)
         return RolloutResult(batch, metrics, chosen)
+
+    def _check_healthy(self, trajectories: list[Trajectory], errors: list[EnvError], n: int) -> None:
+        """Stop with one line when too few episodes survived (never a failure deep in a tensor op)."""
+        floor = max(1.0, float(getattr(self.em, "min_healthy_share", 0.0)) * n)
+        if len(trajectories) >= floor:
+            return
+        if errors:
+            first = errors[0]
+            why = (f"{first.request.slot.tag} (env {first.request.slot.env_id}, seed {first.request.seed}): "
+                   f"{first.message[:300]}")
+        else:
+            why = "no env produced an episode"
+        raise RolloutFailure(f"{self.name}: {len(trajectories)} of {n} episodes survived "
+                             f"(min_healthy_share {getattr(self.em, 'min_healthy_share', 0.0)}); first error: {why}")
 
     def _whole_groups(self, trajectories: list[Trajectory], n: int) -> tuple[list[Trajectory], int, int]:
         """Up to ``n`` trajectories in whole groups of group_size (complete groups first); a group with
@@ -275,12 +294,12 @@ def _pad_rows(rows: list[Any], pad_id: int) -> Batch:
 
 
 def local_factory(template: ChatTemplate, generate: Callable, params: SamplingParams, sequence_length: int,
-                  keep_frames: bool, deterministic: bool = False) -> ManagerFactory:
+                  keep_frames: bool, deterministic: bool = False, limits: EpisodeLimits | None = None) -> ManagerFactory:
     """Env managers in this process (threads): tests, debugging, the scripted policy."""
 
     def make(cls_path: str, slots: list[EnvSlot]) -> Any:
         return import_path(cls_path)(slots, template, generate, params, sequence_length, keep_frames=keep_frames,
-                                     deterministic=deterministic)
+                                     deterministic=deterministic, limits=limits)
 
     return make
 
@@ -290,7 +309,7 @@ class EnvManagerHost:
 
     def __init__(self, cls_path: str, slots: list[EnvSlot], tokenizer_path: str, params: SamplingParams,
                  sequence_length: int, keep_frames: bool, server: Any, system_envs: dict[str, str] | None = None,
-                 deterministic: bool = False) -> None:
+                 deterministic: bool = False, limits: EpisodeLimits | None = None) -> None:
         import os
 
         import ray
@@ -299,11 +318,14 @@ class EnvManagerHost:
         os.environ.update(system_envs or {})
         template = ChatTemplate(AutoTokenizer.from_pretrained(tokenizer_path), tokenizer_path)
 
+        limits = limits or EpisodeLimits()
+        wait = limits.episode_timeout or None
+
         def generate(route: str, prompt: list[int], p: SamplingParams) -> Any:
-            return ray.get(server.generate.remote(route, prompt, p))
+            return ray.get(server.generate.remote(route, prompt, p), timeout=wait)  # a lost request ends its episode
 
         self.manager = import_path(cls_path)(slots, template, generate, params, sequence_length, keep_frames=keep_frames,
-                                             deterministic=deterministic)
+                                             deterministic=deterministic, limits=limits)
 
     def granularity(self) -> str:
         return self.manager.granularity
@@ -315,20 +337,26 @@ class EnvManagerHost:
 class RemoteManager:
     """Driver-side handle of an EnvManagerHost actor."""
 
-    def __init__(self, handle: Any, slots: list[EnvSlot]) -> None:
+    def __init__(self, handle: Any, slots: list[EnvSlot], rpc_timeout: float | None = None) -> None:
         import ray
 
-        self.handle, self.slots = handle, slots
-        self.granularity = ray.get(handle.granularity.remote())
+        self.handle, self.slots, self.rpc_timeout = handle, slots, rpc_timeout
+        self.granularity = ray.get(handle.granularity.remote(), timeout=rpc_timeout)
 
     def run(self, requests: list[EpisodeRequest]) -> tuple[list[Trajectory], list[EnvError]]:
         import ray
 
-        return ray.get(self.handle.run.remote(requests))
+        try:
+            return ray.get(self.handle.run.remote(requests), timeout=self.rpc_timeout)
+        except ray.exceptions.GetTimeoutError:
+            tags = sorted({s.tag for s in self.slots})
+            raise TimeoutError(f"env manager of {', '.join(tags)} (envs {self.slots[0].env_id}-{self.slots[-1].env_id}) "
+                               f"did not finish its episodes within rpc_timeout={self.rpc_timeout} s") from None
 
 
 def ray_factory(host_cls: type, tokenizer_path: str, params: SamplingParams, sequence_length: int, keep_frames: bool,
-                server: Any, system_envs: dict[str, str] | None = None, deterministic: bool = False) -> ManagerFactory:
+                server: Any, system_envs: dict[str, str] | None = None, deterministic: bool = False,
+                limits: EpisodeLimits | None = None, rpc_timeout: float | None = None) -> ManagerFactory:
     """Env managers as Ray actors, each with its own env threads, sharing one generation server."""
     import ray
 
@@ -336,8 +364,8 @@ def ray_factory(host_cls: type, tokenizer_path: str, params: SamplingParams, seq
 
     def make(cls_path: str, slots: list[EnvSlot]) -> Any:
         handle = remote_host.options(num_cpus=0.0001, max_concurrency=2).remote(
-            cls_path, slots, tokenizer_path, params, sequence_length, keep_frames, server, system_envs, deterministic)
-        return RemoteManager(handle, slots)
+            cls_path, slots, tokenizer_path, params, sequence_length, keep_frames, server, system_envs, deterministic, limits)
+        return RemoteManager(handle, slots, rpc_timeout)
 
     return make
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from roll.configs import schema
 from roll.configs.device_mapping import parse_device_mapping
+from roll.configs.domains import check_domains
 from roll.configs.errors import ConfigError, nearest
 from roll.configs.strategy_configs import (
     MegatronConfig,
@@ -36,6 +37,7 @@ INFERENCE_ENGINES = ("hf_infer", "vllm", "sglang")
 def finalize(cfg: schema.PipelineConfig) -> schema.PipelineConfig:
     """Return a copy of ``cfg`` with every derived value filled in and all cross-key rules checked."""
     cfg = dataclasses.replace(cfg)  # shallow copy; nested parts are replaced below, never mutated
+    check_domains(cfg)
     _positive(cfg)
     _check_training_meaning(cfg)
     cfg.sequence_length = _sequence_length(cfg)

@@ -186,6 +186,17 @@ class EnvManagerConfig:
         None, "Import path of the env manager class (trajectory-wise or step-wise); per-env entries may override it.",
     )
     max_env_num_per_worker: int = opt(0, "Envs hosted by one env-manager actor; 0 puts all envs in one actor.")
+    env_step_timeout: float = opt(
+        120.0, "Seconds an env's reset or step may take. Past it the episode is dropped and counted (env_errors, with "
+        "tag, env id, seed and turn in the log), the env is re-created, and the episode retried up to max_env_retries "
+        "times. 0: no limit.")
+    episode_timeout: float = opt(
+        3600.0, "Seconds one episode may take, generation included; past it the episode is dropped like a hung env. "
+        "0: no limit.")
+    max_env_retries: int = opt(3, "Times an episode whose env raised or hung is retried (same seed, fresh env).")
+    min_healthy_share: float = opt(
+        0.0, "Share of a collection's episodes (of the batch size) that must survive their env faults; below it the "
+        "run stops with one line naming the env tag and the first error. 0: stop only when no episode survived.")
     system_envs: dict[str, str] = opt(factory=dict, help="Environment variables set inside env-manager actors.")
     generating_args: GeneratingArgs | None = opt(
         None, "Sampling override for this manager (e.g. greedy validation); unset: actor_infer's."

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 import threading
-from typing import Any
+import time
+from typing import Any, ClassVar
 
 from envs.sokoban.env import SokobanEnv
 
@@ -77,3 +78,27 @@ class RecordingBackend:
         with self.lock:
             self.records += list(zip(prompts, out))
         return out
+
+
+class HangingSokoban(SokobanEnv):
+    """Sokoban whose step blocks for ``hang_s`` on the second turn of every episode it plays first
+    (the re-created env of the retry behaves), as a hung simulator would."""
+
+    hung: ClassVar[set[int]] = set()
+
+    def __init__(self, hang_s: float = 30.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.hang_s = hang_s
+        self._seed: int | None = None
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        self._seed = seed
+        self._turns = 0
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action: str):
+        self._turns += 1
+        if self._turns == 2 and self._seed not in HangingSokoban.hung:
+            HangingSokoban.hung.add(self._seed)
+            time.sleep(self.hang_s)
+        return super().step(action)

@@ -2,17 +2,19 @@
 rows, tool episodes, env faults, custom env managers."""
 
 import dataclasses
+import time
 
 import pytest
 import torch
 from transformers import AutoTokenizer
 
 from roll.agentic.conversation import ChatTemplate
+from roll.agentic.env_managers.base import EpisodeLimits
 from roll.agentic.generation import RequestBatcher, ScriptedPolicy
-from roll.agentic.rollout import local_factory, make_rollout
+from roll.agentic.rollout import RolloutFailure, local_factory, make_rollout
 from roll.configs.loading import load_config
 
-from .support import QWEN_STYLE_TOOLS, RaisesCounter, RecordingBackend
+from .support import QWEN_STYLE_TOOLS, HangingSokoban, RaisesCounter, RecordingBackend
 
 ANSWERS = ["<answer>Up</answer>", "<answer>Down</answer>", "<answer>Left</answer>", "<answer>Right</answer>", "no idea"]
 
@@ -28,7 +30,9 @@ def rollout(cfg, tokenizer, backend, mode="train"):
     template = ChatTemplate(tokenizer)
     template.check_prefix_preserving()
     batcher = RequestBatcher(backend, 1, max_batch_size=32, max_wait_s=0.005)
-    factory = lambda params, frames: local_factory(template, batcher.generate, params, cfg.sequence_length, frames)  # noqa: E731
+    limits = EpisodeLimits.of(cfg.train_env_manager if mode == "train" else cfg.val_env_manager)
+    factory = lambda params, frames: local_factory(template, batcher.generate, params, cfg.sequence_length, frames,  # noqa: E731
+                                                   limits=limits)
     return make_rollout(cfg, mode, template, factory, batcher.take_stats), template
 
 
@@ -175,6 +179,45 @@ def test_a_flaky_env_loses_no_other_trajectory_and_errors_are_counted(tok):
     sokoban = [t for t in result.trajectories if t.request.slot.tag == "SimpleSokoban"]
     assert len(sokoban) == 4  # every healthy env's trajectory is there
     assert len(result.batch) >= 4
+
+
+def test_a_hung_env_is_reported_dropped_and_retried_and_the_rollout_finishes(tok, caplog):
+    cfg = config("+custom_envs.Hangs.env_type=hanging_sokoban", "+custom_envs.Hangs.entry_point=tests.agentic.support:HangingSokoban",
+                 "+custom_envs.Hangs.max_steps=4", "+custom_envs.Hangs.env_config={hang_s: 30}",
+                 "train_env_manager.tags=[SimpleSokoban,Hangs]", "train_env_manager.num_env_groups=2",
+                 "train_env_manager.num_groups_partition=[1,1]", "train_env_manager.group_size=2", "rollout_batch_size=4",
+                 "train_env_manager.env_step_timeout=0.5")
+    HangingSokoban.hung.clear()
+    r, _ = rollout(cfg, tok, ScriptedPolicy(tok, ANSWERS))
+    start = time.perf_counter()
+    with caplog.at_level("WARNING"):
+        result = r.collect(4, step=0)
+    assert time.perf_counter() - start < 10  # not the 30 s the env sleeps
+    assert result.metrics["rollout/env_errors"] == 1.0  # the group's shared level hung once, in one env
+    assert len(result.trajectories) == 4  # the retry on a fresh env completed the episode
+    line = next(r.message for r in caplog.records if "hung" in r.message)
+    assert "Hangs" in line and "seed" in line and "env_step_timeout=0.5" in line and "turn 2" in line
+
+
+def test_when_no_episode_survives_the_step_stops_with_one_line_naming_the_env(tok):
+    cfg = config("+custom_envs.Flaky.env_type=flaky_sokoban", "+custom_envs.Flaky.entry_point=tests.agentic.support:FlakySokoban",
+                 "+custom_envs.Flaky.max_steps=3", "+custom_envs.Flaky.env_config={fail_rate: 1.0}",
+                 "train_env_manager.tags=[Flaky]", "train_env_manager.max_env_retries=1")
+    r, _ = rollout(cfg, tok, ScriptedPolicy(tok, ANSWERS))
+    with pytest.raises(RolloutFailure) as info:
+        r.collect(8, step=0)
+    message = str(info.value)
+    assert "\n" not in message and "0 of 8 episodes survived" in message and "Flaky (env" in message
+
+
+def test_a_share_of_healthy_episodes_can_be_required(tok):
+    cfg = config("+custom_envs.Flaky.env_type=flaky_sokoban", "+custom_envs.Flaky.entry_point=tests.agentic.support:FlakySokoban",
+                 "+custom_envs.Flaky.max_steps=5", "+custom_envs.Flaky.env_config={fail_rate: 0.9}",
+                 "train_env_manager.tags=[SimpleSokoban,Flaky]", "train_env_manager.num_groups_partition=[1,1]",
+                 "train_env_manager.max_env_retries=0", "train_env_manager.min_healthy_share=1.0")
+    r, _ = rollout(cfg, tok, ScriptedPolicy(tok, ANSWERS))
+    with pytest.raises(RolloutFailure, match="min_healthy_share 1.0"):
+        r.collect(8, step=0)
 
 
 def test_custom_env_manager_from_examples(tok, monkeypatch):

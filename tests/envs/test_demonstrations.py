@@ -5,8 +5,8 @@ import pytest
 
 from envs.frozen_lake import FrozenLakeEnv
 from envs.sokoban.env import SokobanEnv
-from roll.agentic.pipeline import check_demonstrations
 from roll.configs.errors import ConfigError
+from roll.configs.inputs import check_inputs
 from roll.configs.loading import load_config
 
 
@@ -36,7 +36,7 @@ def test_the_expert_follows_the_current_state():
 def test_an_env_that_cannot_demonstrate_is_refused_before_the_run():
     cfg = load_config("agentic_sokoban", overrides=["custom_env.SimpleSokoban.env_config.action_pattern=${think_action_pattern}"]).config
     with pytest.raises(ConfigError, match=r"custom_envs.SimpleSokoban.num_demonstrations.*answer pattern"):
-        check_demonstrations(cfg)
+        check_inputs(cfg)
     with pytest.raises(NotImplementedError, match="no expert"):
         from envs.toy import DigitsEnv
 

@@ -47,9 +47,9 @@ def test_wrong_submission_ends_with_zero(countdown, expression, why):
         ('<tool_call>{"name": "calculate", "arguments": {"expression": "1+1"</tool_call>', "not valid JSON"),
         ("<tool_call>[1, 2]</tool_call>", '"name" string'),
         (call("sqrt", x=2), "unknown tool 'sqrt'"),
-        (call("calculate"), "missing required argument 'expression'"),
-        (call("calculate", expression=12), "must be of type string"),
-        (call("calculate", expression="1", extra=True), "unexpected argument 'extra'"),
+        (call("calculate"), "'expression' is a required property"),
+        (call("calculate", expression=12), "expression: 12 is not of type 'string'"),
+        (call("calculate", expression="1", extra=True), "('extra' was unexpected)"),
         ("calculate(3*4)", "no tool call found"),
     ],
 )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +30,24 @@ GenerateFn = Callable[[str, list[int], SamplingParams], Generation]
 DEFAULT_SYSTEM = "You're a helpful assistant."
 DEFAULT_TEMPLATE = "{observation}"
 DEMONSTRATION_SEED = 1 << 30  # boards of the opening examples; far from the episode seeds a run draws
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    """How long env calls and episodes may take (seconds, 0 = no limit) and how often a failed episode
+    is retried (an env manager config's env_step_timeout, episode_timeout, max_env_retries)."""
+
+    env_step_timeout: float = 120.0
+    episode_timeout: float = 3600.0
+    max_env_retries: int = 3
+
+    @staticmethod
+    def of(em_config: Any) -> EpisodeLimits:
+        return EpisodeLimits(em_config.env_step_timeout, em_config.episode_timeout, em_config.max_env_retries)
+
+
+class EnvTimeout(TimeoutError):
+    """An env call or an episode that ran past its limit."""
 
 
 @dataclass(frozen=True)
@@ -97,16 +116,18 @@ class TrajEnvManager:
         generate: GenerateFn,
         params: SamplingParams,
         sequence_length: int,
-        max_env_retries: int = 3,
+        max_env_retries: int | None = None,
         keep_frames: bool = False,
         deterministic: bool = False,
+        limits: EpisodeLimits | None = None,
     ) -> None:
         self.slots = slots
         self.template = template
         self.generate = generate
         self.params = params
         self.sequence_length = sequence_length
-        self.max_env_retries = max_env_retries
+        self.limits = limits or EpisodeLimits()
+        self.max_env_retries = self.limits.max_env_retries if max_env_retries is None else max_env_retries
         self.keep_frames = keep_frames
         self.deterministic = deterministic
         self._envs: dict[int, Any] = {}
@@ -179,7 +200,8 @@ class TrajEnvManager:
                     break
                 except Exception as e:  # noqa: BLE001 - an env fault drops this episode only
                     errors.append(EnvError(request, f"{type(e).__name__}: {e}"))
-                    log.warning("env %s (%s) raised: %s; re-creating it", request.slot.env_id, request.slot.tag, e)
+                    log.warning("env %s (%s, seed %s) %s: %s; re-creating it", request.slot.env_id, request.slot.tag,
+                                request.seed, "hung" if isinstance(e, EnvTimeout) else "raised", e)
                     self._envs.pop(request.slot.env_id, None)
         return trajectories, errors
 
@@ -195,8 +217,8 @@ class TrajEnvManager:
         max_turns = int(entry.get("max_steps", 10))
         step_cap = int(entry.get("max_tokens_per_step", self.params.max_new_tokens))
         self.demonstration_pairs(slot, env)  # before reset: making them resets the env
-        t_env = time.perf_counter()
-        obs, info = env.reset(seed=request.seed)
+        started = t_env = time.perf_counter()
+        obs, info = self.call_env(slot, "reset", 0, env.reset, seed=request.seed)
         env_time = time.perf_counter() - t_env
         tools = info.get("tools")
         messages = self.opening(slot, env, obs, info, max_turns)
@@ -223,7 +245,9 @@ class TrajEnvManager:
             text, closed = self._add_turn(row, prompt_row, gen, steps, obs, turn)
             messages.append({"role": "assistant", "content": text})
             t_env = time.perf_counter()
-            obs, reward, terminated, truncated, step_info = env.step(text)
+            if self.limits.episode_timeout and t_env - started > self.limits.episode_timeout:
+                raise EnvTimeout(f"the episode took longer than {self.limits.episode_timeout:g} s (at turn {turn + 1})")
+            obs, reward, terminated, truncated, step_info = self.call_env(slot, "step", turn + 1, env.step, text)
             env_time += time.perf_counter() - t_env
             history.add(step_info, len(gen.token_ids), gen.finish_reason)
             rewards.append(float(reward))
@@ -248,6 +272,30 @@ class TrajEnvManager:
         metrics = history.metrics(truncated_by)
         metrics["env_time_s"] = env_time
         return Trajectory(request, row, rewards, metrics, messages, steps, frames, latencies, tools)
+
+    def call_env(self, slot: EnvSlot, what: str, turn: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` bounded by env_step_timeout. A call that does not return in time is left
+        behind in its (daemon) thread, its env is dropped by the caller, and EnvTimeout names it."""
+        timeout = self.limits.env_step_timeout
+        if not timeout:
+            return fn(*args, **kwargs)
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def target() -> None:
+            try:
+                box["value"] = fn(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the episode's thread
+                box["error"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=target, daemon=True, name=f"env-{slot.env_id}-{what}").start()
+        if not done.wait(timeout):
+            raise EnvTimeout(f"env.{what} did not return within env_step_timeout={timeout:g} s (turn {turn})")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
 
     # --- per-granularity pieces
     def turn_prompt(self, row: TokenRow, messages: list[dict[str, Any]], tools: list | None, slot: EnvSlot, turn: int) -> TokenRow:

@@ -1,0 +1,126 @@
+"""Checks of what a config points at on this machine, run before anything starts (``--dry_run``
+included): models exist, class paths import, every env the run uses can be built and reset with its
+``env_config``, the output folder is writable, a resume path is a complete checkpoint.
+
+Each failure is a ConfigError naming the key. Nothing here starts Ray, loads a model or writes a file
+that stays (the writability probe removes itself).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from roll.configs import schema
+from roll.configs.errors import ConfigError
+
+
+def check_inputs(cfg: schema.PipelineConfig) -> None:
+    for role in schema.ROLES:
+        worker = getattr(cfg, role, None)
+        if worker is None:
+            continue
+        _check_model(f"{role}.model_args.model_name_or_path", worker.model_args.model_name_or_path)
+        _check_class_path(f"{role}.worker_cls", getattr(worker, "worker_cls", None))
+        strategy = worker.strategy_args.strategy_name
+        if "." in strategy:
+            _check_class_path(f"{role}.strategy_args.strategy_name", strategy)
+    for name in ("train_env_manager", "val_env_manager"):
+        em = getattr(cfg, name)
+        _check_class_path(f"{name}.worker_cls", em.worker_cls)
+        _check_manager_path(f"{name}.env_manager_cls", em.env_manager_cls)
+    used = dict.fromkeys(cfg.train_env_manager.tags + (cfg.val_env_manager.tags if cfg.eval_steps > 0 else []))
+    for tag in used:
+        _check_env(f"custom_envs.{tag}", cfg.custom_envs[tag])
+    _check_writable("output_dir", cfg.output_dir)
+    _check_resume(cfg.resume_from_checkpoint, cfg.output_dir)
+
+
+def _check_model(path: str, name: str | None) -> None:
+    if name is None:
+        return
+    from roll.models.resolve import locate
+
+    try:
+        folder, gguf = locate(str(name))
+    except FileNotFoundError as e:
+        raise ConfigError(path, str(e)) from None
+    local = str(name).startswith(("/", "./", "../", "~")) or Path(folder).expanduser().exists()
+    if local and gguf is None and not (Path(folder).expanduser() / "config.json").is_file():
+        raise ConfigError(path, f"{name!r} is not a model folder (no config.json there)")
+
+
+def _check_class_path(path: str, value: str | None) -> None:
+    if not value:
+        return
+    from envs.registration import load_entry_point
+
+    try:
+        load_entry_point(value)
+    except ValueError as e:
+        raise ConfigError(path, str(e)) from None
+
+
+def _check_manager_path(path: str, value: str | None) -> None:
+    if not value:
+        return
+    from roll.agentic.rollout import MANAGER_ALIASES
+
+    _check_class_path(path, MANAGER_ALIASES.get(value, value))
+
+
+def _check_env(path: str, entry: schema.CustomEnvConfig) -> None:
+    """Build the env with its env_config and reset it once: unknown ids, arguments the env does not take
+    and values it refuses (dim_room [0, 0], num_boxes 1000, format_penalty 'abc') all show here."""
+    from envs.registration import make_env
+
+    _check_manager_path(f"{path}.env_manager_cls", entry.env_manager_cls)
+    try:
+        env = make_env(entry.env_type, entry.entry_point, **dict(entry.env_config or {}))
+    except Exception as e:  # noqa: BLE001 - whatever the env's constructor refuses, named by key
+        raise ConfigError(f"{path}.env_config", _one_line(e)) from None
+    try:
+        env.reset(seed=0)
+        if entry.num_demonstrations > 0:
+            env.demonstrations(1)
+    except (ValueError, NotImplementedError) as e:
+        key = "num_demonstrations" if entry.num_demonstrations > 0 and "demonstration" in str(e) + repr(e) else "env_config"
+        raise ConfigError(f"{path}.{key}", _one_line(e)) from None
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"{path}.env_config", f"the env fails to reset: {_one_line(e)}") from None
+    finally:
+        close = getattr(env, "close", None)
+        if close is not None:
+            close()
+
+
+def _check_writable(path: str, folder: str) -> None:
+    target = Path(folder).expanduser()
+    probe_dir = next((p for p in [target, *target.parents] if p.exists()), Path("."))
+    if not probe_dir.is_dir() or not os.access(probe_dir, os.W_OK | os.X_OK):
+        raise ConfigError(path, f"{folder!r} cannot be written ({probe_dir} is not a writable folder)")
+    if probe_dir == target:
+        try:
+            with tempfile.NamedTemporaryFile(dir=target, prefix=".roll-write-check-"):
+                pass
+        except OSError as e:
+            raise ConfigError(path, f"{folder!r} cannot be written ({e.strerror})") from None
+
+
+def _check_resume(value: Any, output_dir: str) -> None:
+    if value is False or value is True or value in (None, ""):
+        return
+    from roll.utils.checkpoint import STATE_FILE
+
+    folder = Path(str(value)).expanduser()
+    if not folder.is_dir():
+        raise ConfigError("resume_from_checkpoint", f"{value!r} is not a folder (give true, false or a checkpoint folder)")
+    if not (folder / STATE_FILE).is_file():
+        raise ConfigError("resume_from_checkpoint", f"{value!r} is not a complete checkpoint (no {STATE_FILE})")
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}"

@@ -1,0 +1,64 @@
+"""Every value with a constrained domain fails --dry_run with exit 2 and a line naming its key
+(issue 14, finding 5), in well under the time a worker takes to start."""
+
+import time
+
+import pytest
+
+from roll.cli import main
+
+BAD = [
+    ("actor_infer.generating_args.max_new_tokens=0", "actor_infer.generating_args.max_new_tokens"),
+    ("max_tokens_per_step=-5", "max_new_tokens"),  # the catalog value feeds the sampling cap too
+    ("custom_env.SimpleSokoban.max_tokens_per_step=-5", "custom_envs.SimpleSokoban.max_tokens_per_step"),
+    ("actor_train.infer_batch_size=0", "actor_train.infer_batch_size"),
+    ("actor_train.training_args.learning_rate=-1", "actor_train.training_args.learning_rate"),
+    ("actor_train.training_args.learning_rate=nan", "actor_train.training_args.learning_rate"),
+    ("actor_infer.generating_args.temperature=-1", "actor_infer.generating_args.temperature"),
+    ("actor_infer.generating_args.top_p=5", "actor_infer.generating_args.top_p"),
+    ("max_grad_norm=inf", "max_grad_norm"),
+    ("actor_train.model_update_frequency=0", "actor_train.model_update_frequency"),
+    ("rpc_timeout=0", "rpc_timeout"),
+    ("exp_name=''", "exp_name"),
+    ("output_dir=''", "output_dir"),
+    ("pretrain=''", "pretrain"),
+    ("pretrain=/nonexistent/model", "model_name_or_path"),
+    ("actor_train.worker_cls=nope.module.Cls", "actor_train.worker_cls"),
+    ("actor_train.strategy_args.strategy_name=nope.Strategy", "actor_train.strategy_args.strategy_name"),
+    ("resume_from_checkpoint=/nonexistent/ckpt", "resume_from_checkpoint"),
+    ("resume_from_checkpoint='1'", "resume_from_checkpoint"),
+    ("custom_env.SimpleSokoban.env_type=nope_env", "custom_envs.SimpleSokoban.env_config"),
+    ("custom_env.SimpleSokoban.env_manager_cls=nope.Manager", "custom_envs.SimpleSokoban.env_manager_cls"),
+    ("action_pattern='(['", "custom_envs.SimpleSokoban.env_config.action_pattern"),
+    ("custom_env.SimpleSokoban.env_config.dim_room=[0,0]", "custom_envs.SimpleSokoban.env_config"),
+    ("custom_env.SimpleSokoban.max_steps=-3", "custom_envs.SimpleSokoban.max_steps"),
+    ("custom_env.SimpleSokoban.env_config.format_penalty=abc", "custom_envs.SimpleSokoban.env_config"),
+    ("custom_env.SimpleSokoban.agent_template='{nope_placeholder}'", "custom_envs.SimpleSokoban.agent_template"),
+    ("custom_env.SimpleSokoban.env_config.num_boxes=1000", "custom_envs.SimpleSokoban.env_config"),
+    ("train_env_manager.env_step_timeout=-1", "train_env_manager.env_step_timeout"),
+    ("train_env_manager.min_healthy_share=2", "train_env_manager.min_healthy_share"),
+    ("actor_train.training_args.adam_beta2=1.5", "actor_train.training_args.adam_beta2"),
+    ("actor_train.training_args.warmup_steps=-1", "actor_train.training_args.warmup_steps"),
+    ("actor_infer.generating_args.top_k=-7", "actor_infer.generating_args.top_k"),
+    ("num_demonstrations=-1", "custom_envs.SimpleSokoban.num_demonstrations"),
+]
+
+
+@pytest.mark.parametrize("override, key", BAD, ids=[b[0][:40] for b in BAD])
+def test_a_bad_value_fails_dry_run_with_its_key(override, key, capsys):
+    start = time.perf_counter()
+    assert main(["--config_name", "agentic_sokoban", "--dry_run", override]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("config error: ") and key in err and "\n" not in err, err
+    assert time.perf_counter() - start < 5
+
+
+def test_an_output_dir_that_cannot_be_written_fails_dry_run(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    assert main(["--config_name", "agentic_sokoban", "--dry_run", f"output_dir={blocker}/run"]) == 2
+    assert "config error: output_dir" in capsys.readouterr().err
+
+
+def test_the_default_config_passes_every_check(capsys):
+    assert main(["--config_name", "agentic_sokoban", "--dry_run"]) == 0
