@@ -19,6 +19,7 @@ SHIPPED = {
     "sokoban_tool": "envs.tools.sokoban_tool:SokobanToolEnv",
     "countdown": "envs.tools.countdown:CountdownEnv",
     "digits": "envs.toy:DigitsEnv",
+    "faulty": "envs.faults:FaultyEnv",  # raises / hangs on purpose (robustness checks)
 }
 
 

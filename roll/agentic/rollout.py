@@ -62,6 +62,14 @@ def build_slots(custom_envs: dict[str, Any], em: Any) -> list[EnvSlot]:
     return slots
 
 
+def _actor_died(e: BaseException) -> bool:
+    try:
+        import ray
+    except ImportError:
+        return False
+    return isinstance(e, ray.exceptions.RayActorError)
+
+
 class RolloutFailure(RuntimeError):
     """Too few episodes survived a collection to train on."""
 
@@ -116,10 +124,12 @@ class RolloutScheduler:
         self.render_count = render_count
         self.take_generation_stats = take_generation_stats
         per_host = self.em.max_env_num_per_worker or len(slots) or 1
-        self.managers = []
+        self.factory = factory
+        self.placement: list[tuple[str, list[EnvSlot]]] = []  # (manager class, its slots), one per manager
         for cls_path, group_slots in self._by_manager().items():
             for start in range(0, len(group_slots), per_host):  # max_env_num_per_worker envs per manager
-                self.managers.append(factory(cls_path, group_slots[start:start + per_host]))
+                self.placement.append((cls_path, group_slots[start:start + per_host]))
+        self.managers = [factory(cls_path, part) for cls_path, part in self.placement]
         grans = {m.granularity for m in self.managers}
         if len(grans) > 1:
             raise ValueError(f"{name}: cannot mix trajectory-wise and step-wise env managers in one rollout")
@@ -141,13 +151,14 @@ class RolloutScheduler:
         trajectories: list[Trajectory] = []
         errors: list[EnvError] = []
         if len(self.managers) == 1:
-            trajectories, errors = self.managers[0].run(requests)
+            trajectories, errors = self._run_manager(0, requests)
         else:
             from concurrent.futures import ThreadPoolExecutor
 
-            ids = [{s.env_id for s in m.slots} for m in self.managers]
+            ids = [{s.env_id for s in part} for _, part in self.placement]
             with ThreadPoolExecutor(len(self.managers)) as pool:
-                parts = pool.map(lambda mi: mi[0].run([r for r in requests if r.slot.env_id in mi[1]]), zip(self.managers, ids))
+                parts = pool.map(lambda i: self._run_manager(i, [r for r in requests if r.slot.env_id in ids[i]]),
+                                 range(len(self.managers)))
                 for t, e in parts:
                     trajectories += t
                     errors += e
@@ -160,6 +171,21 @@ class RolloutScheduler:
         if self.render_dir is not None:
             self._render(chosen, step)
         return RolloutResult(batch, metrics, chosen)
+
+    def _run_manager(self, index: int, requests: list[EpisodeRequest]) -> tuple[list[Trajectory], list[EnvError]]:
+        """One manager's episodes. A manager actor that died is re-created for the next collection; its
+        episodes of this one are counted as env errors, not lost silently."""
+        try:
+            return self.managers[index].run(requests)
+        except Exception as e:
+            if not _actor_died(e):
+                raise
+            cls_path, part = self.placement[index]
+            tags = ", ".join(sorted({s.tag for s in part}))
+            log.warning("%s: the env manager of %s (envs %d-%d) died (%s); re-creating it, its %d episodes are lost",
+                        self.name, tags, part[0].env_id, part[-1].env_id, type(e).__name__, len(requests))
+            self.managers[index] = self.factory(cls_path, part)
+            return [], [EnvError(r, f"env manager died: {type(e).__name__}") for r in requests]
 
     def _check_healthy(self, trajectories: list[Trajectory], errors: list[EnvError], n: int) -> None:
         """Stop with one line when too few episodes survived (never a failure deep in a tensor op)."""

@@ -14,6 +14,8 @@ _INT = r"\s*(-?\d+)\s*"
 _RANGE = re.compile(rf"^\s*(?:list\s*\(\s*)?range\s*\({_INT}(?:,{_INT})?(?:,{_INT})?\)\s*(?:\)\s*)?$")
 _BRACKETS = re.compile(r"^\s*\[(.*)\]\s*$")
 _INT_LIST = re.compile(r"^\s*\d+\s*(?:,\s*\d+\s*)*,?\s*$")
+# More devices than any cluster a config could describe; bounds the work done on a typo like range(10**8).
+MAX_DEVICES = 65536
 
 
 def parse_device_mapping(value: object, path: str = "device_mapping") -> list[int] | None:
@@ -28,6 +30,8 @@ def parse_device_mapping(value: object, path: str = "device_mapping") -> list[in
         raise ConfigError(path, f"expected a device list such as 'list(range(0,8))', got {value!r}")
     if isinstance(value, int):
         ids = [value]
+    elif isinstance(value, (list, tuple, str)) and len(value) > 8 * MAX_DEVICES:
+        raise ConfigError(path, f"a device list of {len(value):,} entries or characters is too long")
     elif isinstance(value, (list, tuple)):
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             raise ConfigError(path, f"expected a list of integer device ids, got {list(value)!r}")
@@ -50,6 +54,8 @@ def _parse_string(text: str, path: str) -> list[int]:
         start, stop, step = (0, a, 1) if b is None else (a, b, 1 if c is None else c)
         if step == 0:
             raise ConfigError(path, f"range step must not be 0 in {text!r}")
+        if len(range(start, stop, step)) > MAX_DEVICES:  # counted without building the list
+            raise ConfigError(path, f"{text!r} names {len(range(start, stop, step)):,} devices (at most {MAX_DEVICES:,})")
         return list(range(start, stop, step))
     m = _BRACKETS.match(text)
     inner = m.group(1) if m else text

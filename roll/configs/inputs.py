@@ -110,15 +110,13 @@ def _check_writable(path: str, folder: str) -> None:
 
 
 def _check_resume(value: Any, output_dir: str) -> None:
-    if value is False or value is True or value in (None, ""):
-        return
-    from roll.utils.checkpoint import STATE_FILE
+    """The checkpoint a resume would start from matches its manifest (hashes every file once)."""
+    from roll.utils.checkpoint import CheckpointError, resolve_resume
 
-    folder = Path(str(value)).expanduser()
-    if not folder.is_dir():
-        raise ConfigError("resume_from_checkpoint", f"{value!r} is not a folder (give true, false or a checkpoint folder)")
-    if not (folder / STATE_FILE).is_file():
-        raise ConfigError("resume_from_checkpoint", f"{value!r} is not a complete checkpoint (no {STATE_FILE})")
+    try:
+        resolve_resume(value, output_dir)
+    except CheckpointError as e:
+        raise ConfigError("resume_from_checkpoint", str(e)) from None
 
 
 def _one_line(e: BaseException) -> str:

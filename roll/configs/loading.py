@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from roll.configs import schema
 from roll.configs.build import BuildReport, build_config
 from roll.configs.derive import finalize
@@ -105,7 +107,46 @@ def _compose(config_dir: Path, config_name: str, overrides: Sequence[str]) -> An
             with initialize_config_dir(config_dir=str(config_dir), version_base=None):
                 return compose(config_name=config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as e:
+        cause = _yaml_cause(e)
+        if cause is not None:
+            raise _yaml_error(cause, config_dir, config_name) from None
         raise ConfigError(_key_of(e) or config_name, _first_line(e)) from None
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise _yaml_error(e, config_dir, config_name) from None
+
+
+def _yaml_cause(e: BaseException) -> BaseException | None:
+    """The YAML or decoding error behind a Hydra/OmegaConf exception, if that is what it wraps."""
+    seen = e
+    for _ in range(8):
+        if isinstance(seen, (yaml.YAMLError, UnicodeDecodeError)):
+            return seen
+        nxt = seen.__cause__ or seen.__context__
+        if nxt is None:
+            return None
+        seen = nxt
+    return None
+
+
+def _yaml_error(e: BaseException, config_dir: Path, config_name: str) -> ConfigError:
+    """One line naming the file, line and column of a YAML problem."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    if mark is not None:
+        problem = getattr(e, "problem", None) or getattr(e, "context", None) or str(e).splitlines()[0]
+        return ConfigError(f"{mark.name}:{mark.line + 1}:{mark.column + 1}", f"YAML: {problem}")
+    if isinstance(e, UnicodeDecodeError):
+        files = [config_dir / f"{config_name}.yaml", *sorted(config_dir.rglob("*.yaml"))]
+        bad = next((f for f in files if f.is_file() and not _is_utf8(f)), None)
+        return ConfigError(str(bad or config_dir), "YAML: not UTF-8 text (a binary or mis-encoded file)")
+    return ConfigError(config_name, f"YAML: {_first_line(e)}")
+
+
+def _is_utf8(path: Path) -> bool:
+    try:
+        path.read_bytes().decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
 
 
 def _checked_overrides(base: Any, overrides: Sequence[str]) -> list[str]:
@@ -129,12 +170,19 @@ def _checked_overrides(base: Any, overrides: Sequence[str]) -> list[str]:
             raise ConfigError(text, f"cannot parse override: {_first_line(e)}") from None
         plain = not (override.is_add() or override.is_force_add() or override.is_delete() or override.package is not None)
         key = override.key_or_group
+        if plain:
+            # custom_envs.<tag> is usually `${custom_env.<tag>}`: a key below it is set on the catalog entry
+            # it points at, or Hydra would replace the whole entry with that one key.
+            target = _through_interpolation(base, key)
+            if target != key:
+                key, text = target, f"{target}={text.split('=', 1)[1]}"
         if not plain or OmegaConf.select(base, key, default=_MISSING) is not _MISSING:
             result.append(text)
             continue
         parts = key.split(".")
-        if _schema_node(parts) is not None:
-            result.append(f"++{text}")
+        schema_parts = ["custom_envs", *parts[1:]] if parts[0] == "custom_env" else parts  # the catalog's entries
+        if _schema_node(parts) is not None or (len(parts) > 2 and _schema_node(schema_parts) is _FREE):
+            result.append(f"++{text}")  # env_config and strategy_config take any key; the env checks its own
             continue
         parent = ".".join(parts[:-1])
         node = OmegaConf.select(base, parent, default=None) if parent else base
@@ -144,6 +192,24 @@ def _checked_overrides(base: Any, overrides: Sequence[str]) -> list[str]:
         suffix = f"; did you mean {where}{hint}?" if hint else ""
         raise ConfigError(key, f"unknown key{suffix}")
     return result
+
+
+def _through_interpolation(base: Any, key: str) -> str:
+    """``key`` with its longest prefix that is a plain ``${other.path}`` interpolation replaced by the path."""
+    from omegaconf import OmegaConf
+
+    parts = key.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        parent, name = ".".join(parts[: cut - 1]), parts[cut - 1]
+        node = OmegaConf.select(base, parent, default=None) if parent else base
+        if node is None or not OmegaConf.is_config(node) or OmegaConf.is_list(node) or name not in node:
+            continue
+        raw = node._get_node(name)._value() if hasattr(node, "_get_node") else None
+        if isinstance(raw, str):
+            match = re.fullmatch(r"\$\{([A-Za-z0-9_.]+)\}", raw)
+            if match:
+                return ".".join([match.group(1), *parts[cut:]])
+    return key
 
 
 _MISSING = object()

@@ -275,7 +275,10 @@ class PipelineConfig:
     logging_steps: int = opt(1, "Log metrics every N steps.")
     eval_steps: int = opt(10, "Run validation rollouts every N steps (0 disables).")
     resume_from_checkpoint: bool | str = opt(
-        False, "true: resume from the latest complete checkpoint in output_dir; a path: resume from it."
+        False, "false: start at step 0. true: resume from the newest checkpoint under output_dir/checkpoints (start "
+        "at step 0 when there is none). A path: resume from that checkpoint folder (output_dir/checkpoints/step_N). "
+        "Before anything starts, the folder is checked against its manifest.json (every file's size and SHA-256, "
+        "and the step); a missing, changed or mismatched file stops the run naming it, never a silent restart."
     )
     # --- sizes
     rollout_batch_size: int = opt(128, "Trajectories collected per training step.")

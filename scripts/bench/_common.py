@@ -35,3 +35,21 @@ def worker_config(path: str, strategy: str, stage: int = 2, micro: int = 4, gas:
         strategy_args=StrategyArgs(strategy, sc),
         infer_batch_size=micro,
     )
+
+
+def run_pipeline(cfg, wrap=None) -> float:
+    """Run a pipeline on ``cfg``; ``wrap(tracker)`` may replace its tracker (a recorder that can still log
+    to the original). Returns the wall seconds."""
+    import time
+
+    from roll.agentic.pipeline import AgenticPipeline
+
+    start = time.perf_counter()
+    pipeline = AgenticPipeline(cfg)
+    if wrap is not None:
+        pipeline.tracker = wrap(pipeline.tracker)
+    try:
+        pipeline.run()
+    finally:
+        pipeline.shutdown()
+    return time.perf_counter() - start

@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import time
 from pathlib import Path
 from typing import Any
 
-import _common  # noqa: F401  (puts the repo on sys.path)
+import _common  # (also puts the repo on sys.path)
 
 CURVES = ("score", "success", "valid")
 
@@ -130,37 +129,30 @@ def main() -> None:
         overrides = [f"max_steps={args.steps}", f"eval_steps={args.eval_every}", "save_steps=0", *overrides]
     cfg = load_config(args.config_name, overrides=overrides).config
     tag = cfg.train_env_manager.tags[0]
-    start = time.perf_counter()
     if args.from_tensorboard is not None:
         train, val = from_tensorboard(args.from_tensorboard, tag)
         wall = args.wall_min * 60 if args.wall_min else None
     else:
-        from roll.agentic.pipeline import AgenticPipeline
-
         train, val = [], []
-        pipeline = AgenticPipeline(cfg)
-        real = pipeline.tracker
 
         class Recorder:  # keeps the curves and still logs to the config's tracker
+            def __init__(self, real: Any) -> None:
+                self.real = real
+
             def log(self, m: dict[str, float], step: int) -> None:
                 train.append({"step": step, **rollout_curves(m, "rollout", tag)})
                 if "val/score" in m:
                     val.append({"step": step, **rollout_curves(m, "val", tag)})
                 print(json.dumps({"step": step, "train": train[-1], "val": val[-1] if val and val[-1]["step"] == step else None}), flush=True)
-                real.log(m, step)
+                self.real.log(m, step)
 
             def log_episode(self, *a: Any) -> None:
-                real.log_episode(*a)
+                self.real.log_episode(*a)
 
             def close(self) -> None:
-                real.close()
+                self.real.close()
 
-        pipeline.tracker = Recorder()
-        try:
-            pipeline.run()
-        finally:
-            pipeline.shutdown()
-        wall = time.perf_counter() - start
+        wall = _common.run_pipeline(cfg, Recorder)
     base = baselines(cfg, [h["step"] for h in train])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -39,5 +39,12 @@ def test_ray_env_managers_batch_generation_into_the_inference_worker(tiny_model_
         assert len(result.batch) == 8 and result.metrics["rollout/env_errors"] == 0
         assert result.metrics["rollout/mean_generate_batch"] > 1.0  # requests from both actors were batched
         assert result.batch["response_mask"].sum() > 0
+        # an env-manager actor that dies: its episodes are counted as lost, the others train, and the next
+        # collection has it back
+        ray.kill(rollout.managers[0].handle)
+        result = rollout.collect(8, step=1)
+        assert result.metrics["rollout/env_errors"] == 4 and len(result.batch) == 4
+        result = rollout.collect(8, step=2)
+        assert result.metrics["rollout/env_errors"] == 0 and len(result.batch) == 8
     finally:
         ray.shutdown()

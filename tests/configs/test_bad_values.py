@@ -62,3 +62,9 @@ def test_an_output_dir_that_cannot_be_written_fails_dry_run(tmp_path, capsys):
 
 def test_the_default_config_passes_every_check(capsys):
     assert main(["--config_name", "agentic_sokoban", "--dry_run"]) == 0
+
+
+def test_a_device_range_of_a_hundred_million_fails_at_once(capsys):
+    start = time.perf_counter()
+    assert main(["--config_name", "agentic_sokoban", "--dry_run", "actor_train.device_mapping='list(range(0,100000000))'"]) == 2
+    assert "actor_train.device_mapping" in capsys.readouterr().err and time.perf_counter() - start < 5

@@ -245,3 +245,16 @@ def test_config_errors_survive_pickling():
 
     e = pickle.loads(pickle.dumps(ConfigError("a.b", "bad value")))
     assert isinstance(e, ConfigError) and (e.path, e.message, str(e)) == ("a.b", "bad value", "a.b: bad value")
+
+
+@pytest.mark.parametrize("prefix", ["custom_envs", "custom_env"])
+def test_env_config_keys_override_without_plus_through_either_catalog(prefix):
+    cfg = load_config("agentic_sokoban", overrides=[f"{prefix}.SimpleSokoban.env_config.search_depth=30",
+                                                     f"{prefix}.SimpleSokoban.max_steps=4"]).config
+    entry = cfg.custom_envs["SimpleSokoban"]
+    assert entry.env_config["search_depth"] == 30 and entry.env_type == "sokoban" and entry.max_steps == 4
+
+
+def test_an_env_config_key_the_env_does_not_take_names_the_env(capsys):
+    assert main(["--config_name", "agentic_sokoban", "--dry_run", "custom_env.SimpleSokoban.env_config.nope_key=3"]) == 2
+    assert "does not take 'nope_key'" in capsys.readouterr().err

@@ -39,7 +39,9 @@ def test_save_is_atomic_and_latest_is_found(tmp_path):
 def test_resume_options(tmp_path):
     assert resolve_resume(False, str(tmp_path)) is None
     assert resolve_resume(True, str(tmp_path)) is None  # nothing yet: start fresh
-    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
+    from roll.utils.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError, match="nope is not a folder"):
         resolve_resume(str(tmp_path / "nope"), str(tmp_path))
 
 
@@ -70,3 +72,38 @@ def test_tensorboard_gets_an_episode_transcript_and_its_frames(tmp_path):
     assert image.step == 3 and image.width == 3 * 16 + 2 * 4 and image.height == 16
     text = acc.Tensors("episode/SimpleSokoban/text_summary")[0]
     assert b"<answer>Up</answer>" in text.tensor_proto.string_val[0]
+
+
+def _renamed_step(ckpt):
+    ckpt.rename(ckpt.parent / "step_000007")
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda c: (c / "actor_train" / "weights.bin").unlink(), "weights.bin: missing"),
+    (lambda c: (c / "actor_train" / "weights.bin").write_bytes(b"garbage!"), "weights.bin: 8 bytes, the manifest says 1"),
+    (lambda c: (c / "actor_train" / "weights.bin").write_bytes(b"y"), "weights.bin: contents differ"),
+    (lambda c: (c / "pipeline_state.json").write_text("{broken"), "pipeline_state.json"),
+    (lambda c: (c / "pipeline_state.json").unlink(), "pipeline_state.json: missing"),
+    (lambda c: (c / "manifest.json").unlink(), "no manifest.json"),
+    (_renamed_step, "the manifest says step 1, the folder name says 7"),
+])
+def test_every_checkpoint_corruption_is_named_before_anything_starts(tmp_path, capsys, damage, message):
+    from roll.cli import main
+
+    out = tmp_path / "run"
+    save_checkpoint(str(out), 1, parts_ok, {"kl_coef": 0.1})
+    damage(out / "checkpoints" / "step_000001")
+    assert main(["--config_name", "agentic_sokoban", "--dry_run", f"output_dir={out}", "resume_from_checkpoint=true"]) == 2
+    err = capsys.readouterr().err
+    assert "config error: resume_from_checkpoint" in err and message in err, err
+
+
+def test_a_state_file_that_disagrees_with_its_manifest_is_refused(tmp_path):
+    from roll.utils.checkpoint import CheckpointError, write_manifest
+
+    out = str(tmp_path)
+    ckpt = save_checkpoint(out, 2, parts_ok, {})
+    (ckpt / "pipeline_state.json").write_text(json.dumps({"step": 5}))
+    write_manifest(ckpt, 2)  # a manifest rewritten over the edited state: the step still disagrees
+    with pytest.raises(CheckpointError, match="step 5, the manifest says 2"):
+        resolve_resume(True, out)
