@@ -2,8 +2,9 @@
 
 ``FaultyEnv`` wraps any registered text env (``inner``, built with ``inner_config``) and, on each
 ``step``, raises with probability ``raise_rate`` or blocks for ``hang_s`` seconds with probability
-``hang_rate``; otherwise it is the inner env. Faults are drawn from the system's entropy, so an
-episode retried on a fresh env is not doomed to fail the same way.
+``hang_rate`` (both 0 by default: a plain wrapper until told to misbehave); otherwise it is the
+inner env. Faults are drawn from the system's entropy, so an episode retried on a fresh env is not
+doomed to fail the same way.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ class InjectedFault(RuntimeError):
 
 
 class FaultyEnv(gym.Env):
-    def __init__(self, inner: str = "sokoban", inner_config: dict[str, Any] | None = None, raise_rate: float = 0.3,
-                 hang_rate: float = 0.02, hang_s: float = 3600.0, **inner_kwargs: Any) -> None:
+    def __init__(self, inner: str = "sokoban", inner_config: dict[str, Any] | None = None, raise_rate: float = 0.0,
+                 hang_rate: float = 0.0, hang_s: float = 3600.0, **inner_kwargs: Any) -> None:
         from envs.registration import make_env
 
         self.inner = make_env(inner, None, **{**dict(inner_config or {}), **inner_kwargs})

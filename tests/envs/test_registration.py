@@ -63,3 +63,20 @@ def test_clear_errors_for_unknown_envs_and_arguments():
     with pytest.raises(ValueError, match="cannot import 'no_such_pkg.mod'"):
         make_env("thing", entry_point="no_such_pkg.mod:Env")
     assert envs.make_env is make_env
+
+
+def test_the_faulty_env_raises_and_hangs_when_told():
+    import time
+
+    from envs.faults import InjectedFault
+    from envs.registration import make_env
+
+    env = make_env("faulty", None, raise_rate=1.0, inner_config={"dim_room": [6, 6], "num_boxes": 1})
+    env.reset(seed=1)
+    with pytest.raises(InjectedFault):
+        env.step("<answer>Up</answer>")
+    env = make_env("faulty", None, hang_rate=1.0, hang_s=0.2)
+    env.reset(seed=1)
+    start = time.perf_counter()
+    _, _, _, _, info = env.step("<answer>Up</answer>")
+    assert time.perf_counter() - start >= 0.2 and info["metrics"]["action_is_valid"] == 1.0
