@@ -48,3 +48,18 @@ def test_grpo_without_critic_runs(tiny_model_path, tmp_path):
                       "track_with=stdout")
     last = run(cfg)
     assert "critic/vf_clipfrac" not in last and last["actor/optimizer_steps"] >= 1
+
+
+def test_a_run_with_envs_that_hang_and_raise_finishes_its_steps(tiny_model_path, tmp_path):
+    """Issue 14, finding 1 end to end: a hung env no longer hangs the run; the losses are counted."""
+    env = ("{inner: sokoban, raise_rate: 0.2, hang_rate: 0.15, hang_s: 3600, "
+           "inner_config: {dim_room: [6, 6], num_boxes: 1, max_steps: 2}}")
+    cfg = tiny_config(tiny_model_path, tmp_path, "max_steps=3", "eval_steps=0", "save_steps=0", "num_demonstrations=0",
+                      "+custom_envs.Faulty.env_type=faulty", "+custom_envs.Faulty.max_steps=2",
+                      "+custom_envs.Faulty.max_tokens_per_step=8", f"+custom_envs.Faulty.env_config={env}",
+                      "train_env_manager.tags=[Faulty]", "train_env_manager.env_step_timeout=0.5",
+                      "train_env_manager.group_size_redundancy=2")
+    run(cfg)
+    scalars = read_scalars(tmp_path / "out" / "tb")
+    assert len(scalars["rollout/env_errors"]) == 3  # every step ran and logged
+    assert sum(scalars["rollout/env_errors"]) > 0 and min(scalars["rollout/trajectories"]) >= 1
