@@ -39,7 +39,8 @@ def main(argv: Sequence[str] | None = None, *, search_roots: Sequence[Path] = ()
 
     try:
         loaded = load_config(args.config_name, args.config_path, args.overrides, search_roots=search_roots)
-        check_inputs(loaded.config)  # what the config points at on this machine, before anything starts
+        if args.dry_run:  # a real run checks the same in the pipeline's preflight, before Ray starts
+            check_inputs(loaded.config)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return EXIT_CONFIG_ERROR

@@ -62,10 +62,10 @@ class ChatTemplate:
             return system_prompt
         block = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
         return (
-            f"{system_prompt}\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n"
-            f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{block}\n</tools>\n\n"
-            "For each function call, return a json object with function name and arguments within "
-            '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+            f"{system_prompt}\n\n# Tools\n\nThese functions are yours to call. Their signatures are listed between "
+            f"<tools></tools> tags:\n<tools>\n{block}\n</tools>\n\n"
+            "To call one, write a JSON object with its name and arguments between <tool_call></tool_call> tags:\n"
+            '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
         )
 
     # --- token pieces

@@ -173,7 +173,8 @@ class AgenticPipeline:
                             if cfg.eval_steps > 0 and cfg.val_batch_size > 0 else None)
 
     def _resume(self) -> None:
-        path = resolve_resume(self.cfg.resume_from_checkpoint, self.cfg.output_dir)
+        # preflight already checked this checkpoint against its manifest; hashing it again is not needed
+        path = resolve_resume(self.cfg.resume_from_checkpoint, self.cfg.output_dir, verify=False)
         if path is None:
             return
         state = read_state(path)

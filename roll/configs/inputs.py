@@ -83,17 +83,16 @@ def _check_env(path: str, entry: schema.CustomEnvConfig) -> None:
         raise ConfigError(f"{path}.env_config", _one_line(e)) from None
     try:
         env.reset(seed=0)
-        if entry.num_demonstrations > 0:
-            env.demonstrations(1)
-    except (ValueError, NotImplementedError) as e:
-        key = "num_demonstrations" if entry.num_demonstrations > 0 and "demonstration" in str(e) + repr(e) else "env_config"
-        raise ConfigError(f"{path}.{key}", _one_line(e)) from None
     except Exception as e:  # noqa: BLE001
         raise ConfigError(f"{path}.env_config", f"the env fails to reset: {_one_line(e)}") from None
-    finally:
-        close = getattr(env, "close", None)
-        if close is not None:
-            close()
+    if entry.num_demonstrations > 0:
+        try:
+            env.demonstrations(1)
+        except (ValueError, NotImplementedError) as e:
+            raise ConfigError(f"{path}.num_demonstrations", _one_line(e)) from None
+    close = getattr(env, "close", None)
+    if close is not None:
+        close()
 
 
 def _check_writable(path: str, folder: str) -> None:

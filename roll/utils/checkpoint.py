@@ -115,7 +115,7 @@ def latest_checkpoint(output_dir: str) -> Path | None:
     return found[-1] if found else None
 
 
-def resolve_resume(resume_from_checkpoint: bool | str, output_dir: str) -> Path | None:
+def resolve_resume(resume_from_checkpoint: bool | str, output_dir: str, verify: bool = True) -> Path | None:
     """``true``: the newest checkpoint in output_dir (None when there is none yet); a path: that
     checkpoint folder. Either way the folder must match its manifest (CheckpointError naming the first
     bad file otherwise): a damaged checkpoint is never skipped over or silently restarted from step 0."""
@@ -129,7 +129,8 @@ def resolve_resume(resume_from_checkpoint: bool | str, output_dir: str) -> Path 
         path = Path(str(resume_from_checkpoint)).expanduser()
         if not path.is_dir():
             raise CheckpointError(f"{path} is not a folder")
-    verify_checkpoint(path)
+    if verify:
+        verify_checkpoint(path)
     return path
 
 

@@ -116,7 +116,6 @@ class TrajEnvManager:
         generate: GenerateFn,
         params: SamplingParams,
         sequence_length: int,
-        max_env_retries: int | None = None,
         keep_frames: bool = False,
         deterministic: bool = False,
         limits: EpisodeLimits | None = None,
@@ -127,7 +126,6 @@ class TrajEnvManager:
         self.params = params
         self.sequence_length = sequence_length
         self.limits = limits or EpisodeLimits()
-        self.max_env_retries = self.limits.max_env_retries if max_env_retries is None else max_env_retries
         self.keep_frames = keep_frames
         self.deterministic = deterministic
         self._envs: dict[int, Any] = {}
@@ -194,7 +192,7 @@ class TrajEnvManager:
     def _run_env(self, requests: list[EpisodeRequest]) -> tuple[list[Trajectory], list[EnvError]]:
         trajectories, errors = [], []
         for request in requests:
-            for _attempt in range(self.max_env_retries + 1):
+            for _attempt in range(self.limits.max_env_retries + 1):
                 try:
                     trajectories.append(self.run_episode(request))
                     break
