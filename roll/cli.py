@@ -13,10 +13,11 @@ from roll.configs.errors import ConfigError
 EXIT_CONFIG_ERROR = 2
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+def parse_args(argv: Sequence[str], rollout_only: bool = False) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="start_agentic_pipeline.py",
-        description="Train an LLM policy with RL on gym-style text environments.",
+        prog="start_agentic_rollout_pipeline.py" if rollout_only else "start_agentic_pipeline.py",
+        description="Play gym-style text environments with an LLM policy and keep the rollouts (no training)."
+        if rollout_only else "Train an LLM policy with RL on gym-style text environments.",
         epilog="Trailing key=value arguments are Hydra overrides, e.g. max_steps=3 actor_train.training_args.learning_rate=1e-5",
     )
     parser.add_argument("--config_path", default=None, help="config folder, relative to the working directory (default: examples/config)")
@@ -32,15 +33,17 @@ def config_to_yaml(config: object) -> str:
     return OmegaConf.to_yaml(OmegaConf.create(dataclasses.asdict(config)))
 
 
-def main(argv: Sequence[str] | None = None, *, search_roots: Sequence[Path] = ()) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+def main(argv: Sequence[str] | None = None, *, search_roots: Sequence[Path] = (), rollout_only: bool = False) -> int:
+    """Load, check and print a config, then train on it (``rollout_only``: play its envs, train nothing)."""
+    args = parse_args(sys.argv[1:] if argv is None else argv, rollout_only)
     from roll.configs.inputs import check_inputs
     from roll.configs.loading import load_config
 
     try:
-        loaded = load_config(args.config_name, args.config_path, args.overrides, search_roots=search_roots)
+        loaded = load_config(args.config_name, args.config_path, args.overrides, search_roots=search_roots,
+                             rollout_only=rollout_only)
         if args.dry_run:  # a real run checks the same in the pipeline's preflight, before Ray starts
-            check_inputs(loaded.config)
+            check_inputs(loaded.config, rollout_only)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
@@ -54,7 +57,7 @@ def main(argv: Sequence[str] | None = None, *, search_roots: Sequence[Path] = ()
     from roll.agentic.rollout import RolloutFailure
 
     try:
-        return train(loaded.config)
+        return train(loaded.config, rollout_only)
     except ConfigError as e:  # found at start-up, before any worker ran (e.g. a GPU backend without a GPU)
         print(f"config error: {e}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
@@ -63,21 +66,23 @@ def main(argv: Sequence[str] | None = None, *, search_roots: Sequence[Path] = ()
         return 1
 
 
-def train(config: object) -> int:
-    """Run the pipeline on a loaded config; say where the outputs are."""
+def train(config: object, rollout_only: bool = False) -> int:
+    """Run the pipeline (or the rollout-only one) on a loaded config; say where the outputs are."""
     import logging
 
     from roll.agentic.pipeline import AgenticPipeline
+    from roll.agentic.rollout_pipeline import AgenticRolloutPipeline
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("roll").setLevel(logging.INFO)
-    pipeline = AgenticPipeline(config)
+    pipeline = (AgenticRolloutPipeline if rollout_only else AgenticPipeline)(config)
     try:
         final = pipeline.run()
     finally:
         pipeline.shutdown()
     score = {k: round(v, 4) for k, v in final.items() if k in ("rollout/score", "rollout/success", "time/step")}
     print(f"roll: finished {config.max_steps} steps; last step {score}", flush=True)
+    saved = f"rollout rows in {config.rollout_dump_dir}" if rollout_only else f"checkpoints in {config.output_dir}/checkpoints"
     print(f"roll: metrics in {config.tracker_kwargs.get('log_dir') or config.logging_dir} ({config.track_with}); "
-          f"checkpoints in {config.output_dir}/checkpoints; rendered trajectories in {config.render_save_dir}", flush=True)
+          f"{saved}; rendered trajectories in {config.render_save_dir}", flush=True)
     return 0

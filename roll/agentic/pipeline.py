@@ -32,13 +32,16 @@ from roll.agentic.batch_adjust import adjust_batch
 from roll.agentic.conversation import ChatTemplate
 from roll.agentic.env_managers.base import EpisodeLimits
 from roll.agentic.render import filmstrip, transcript
-from roll.agentic.rollout import EnvManagerHost, make_rollout, ray_factory
+from roll.agentic.rollout import EnvManagerHost, RolloutResult, make_rollout, ray_factory
+from roll.agentic.rollout_dump import load_rollout, save_rollout, write_rows
 from roll.algorithms.kl import AdaptiveKLController, FixedKLController, kl_controller
 from roll.algorithms.losses import ActorLossConfig
 from roll.algorithms.reward_norm import RunningMeanStd
+from roll.algorithms.train_infer import Correction, FilterRule, train_infer_correction
 from roll.configs.derive import (
     data_parallel_size,
     dual_clip_constant,
+    effective_pg_variant,
     global_train_batch_size,
     needs_critic,
     needs_reference,
@@ -46,6 +49,7 @@ from roll.configs.derive import (
 )
 from roll.configs.inputs import check_inputs
 from roll.configs.schema import PipelineConfig
+from roll.configs.shipped import roll_class
 from roll.distributed.batch import Batch
 from roll.utils.checkpoint import read_state, resolve_resume, save_checkpoint
 from roll.utils.tracking import make_tracker
@@ -58,15 +62,15 @@ def pipeline_roles(cfg: PipelineConfig) -> list[str]:
     return ["actor_train", "actor_infer"] + (["reference"] if needs_reference(cfg) else []) + (["critic"] if needs_critic(cfg) else [])
 
 
-def preflight(cfg: PipelineConfig) -> None:
+def preflight(cfg: PipelineConfig, roles: list[str], rollout_only: bool = False) -> None:
     """Checks that need this machine (not the config alone), run before Ray or any worker starts:
     each role's backend must be runnable here (a GPU backend on a machine without CUDA is one line,
     not a traceback from inside a worker)."""
     from roll.strategies.backends import check_backend
 
-    for role in pipeline_roles(cfg):
+    for role in roles:
         check_backend(getattr(cfg, role).strategy_args.strategy_name, f"{role}.strategy_args.strategy_name")
-    check_inputs(cfg)
+    check_inputs(cfg, rollout_only)
 
 
 def old_logprobs_need_recompute(cfg: PipelineConfig, rows: int, has_reference: bool) -> bool:
@@ -81,9 +85,30 @@ def old_logprobs_need_recompute(cfg: PipelineConfig, rows: int, has_reference: b
     return per_rank > ta.per_device_train_batch_size * ta.gradient_accumulation_steps
 
 
+def correction_of(cfg: PipelineConfig) -> Correction:
+    """The enabled parts of ``train_infer_correction``."""
+    c = cfg.train_infer_correction
+    rules = tuple(FilterRule(f.agg_type, f.ratio_enabled, f.ratio_low, f.ratio_high, f.diff_enabled, f.diff_low,
+                             f.diff_high) for f in c.filters if f.enabled)
+    w = c.is_weight
+    return Correction(w.enabled, w.weight_type, w.upper_bound, w.detach, rules)
+
+
+def apply_train_infer_correction(batch: Batch, correction: Correction) -> tuple[Batch, dict[str, float]]:
+    """The batch with filtered tokens out of its response mask and the importance weight added (when
+    enabled), and the gap metrics of the whole batch."""
+    mask = batch["response_mask"]
+    weight, keep, metrics = train_infer_correction(correction, mask, batch["old_logprobs"], batch["infer_logprobs"])
+    update = {"response_mask": (mask * keep.to(mask.dtype))}
+    if weight is not None:
+        update["train_infer_is_weight"] = weight
+    return Batch({**batch.tensors, **update}, batch.non_tensors, batch.meta), metrics
+
+
 class AgenticPipeline:
     def __init__(self, cfg: PipelineConfig) -> None:
-        preflight(cfg)
+        self.roles = pipeline_roles(cfg)
+        preflight(cfg, self.roles)
         self.cfg = cfg
         self.clusters: dict[str, Any] = {}
         self._start_workers()
@@ -108,7 +133,7 @@ class AgenticPipeline:
         from roll.workers import DEFAULT_WORKERS
 
         cfg = self.cfg
-        roles = pipeline_roles(cfg)
+        roles = self.roles
         devices = sorted({d for r in roles for d in getattr(cfg, r).device_mapping})
         use_gpu = torch.cuda.is_available()
         ray_init(num_cpus=None if use_gpu else max(os.cpu_count() or 1, 1), object_store_mb=int(os.environ.get("ROLL_OBJECT_STORE_MB", "1024")))
@@ -127,7 +152,7 @@ class AgenticPipeline:
         }
         for role in roles:
             worker = getattr(cfg, role)
-            cls = load_entry_point(worker.worker_cls) if worker.worker_cls else DEFAULT_WORKERS[role]
+            cls = load_entry_point(roll_class(worker.worker_cls)) if worker.worker_cls else DEFAULT_WORKERS[role]
             log.info("starting %s: %d worker(s) on devices %s", role, worker.world_size, worker.device_mapping)
             self.clusters[role] = Cluster(role, cls, worker, self.resources, settings, rpc_timeout=cfg.rpc_timeout)
         for role in roles:  # one role at a time: colocated model loads do not compete for memory
@@ -159,7 +184,7 @@ class AgenticPipeline:
             return ray.get(self.server.take_stats.remote())
 
         def factory_for(em: Any):
-            host = load_entry_point(em.worker_cls) if em.worker_cls else EnvManagerHost
+            host = load_entry_point(roll_class(em.worker_cls)) if em.worker_cls else EnvManagerHost
 
             def make(params: Any, keep_frames: bool):
                 return ray_factory(host, tokenizer_path, params, cfg.sequence_length, keep_frames, self.server,
@@ -169,8 +194,9 @@ class AgenticPipeline:
             return make
 
         self.train_rollout = make_rollout(cfg, "train", self.template, factory_for(cfg.train_env_manager), take_stats)
+        validation = cfg.eval_steps > 0 and cfg.val_batch_size > 0 and "actor_train" in self.roles
         self.val_rollout = (make_rollout(cfg, "val", self.template, factory_for(cfg.val_env_manager), take_stats, render=False)
-                            if cfg.eval_steps > 0 and cfg.val_batch_size > 0 else None)
+                            if validation else None)
 
     def _resume(self) -> None:
         # preflight already checked this checkpoint against its manifest; hashing it again is not needed
@@ -205,7 +231,7 @@ class AgenticPipeline:
                     metrics.update(self.sync_weights())
             with timer("rollout"):
                 self.devices_to("actor_infer")
-                rollout = self.train_rollout.collect(train_batch_size(cfg), step)
+                rollout = self.collect("train", train_batch_size(cfg), step)
             batch = rollout.batch
             metrics.update(rollout.metrics)
             # whole optimizer steps for every training role (batch_adjust_mode); added/removed rows are counted
@@ -214,7 +240,7 @@ class AgenticPipeline:
             metrics.update(adjust_metrics)
             if self.val_rollout is not None and step % cfg.eval_steps == 0:
                 with timer("eval"):
-                    metrics.update(self.val_rollout.collect(cfg.val_batch_size, step).metrics)
+                    metrics.update(self.collect("val", cfg.val_batch_size, step).metrics)
             if "reference" in self.clusters:
                 with timer("reference"):
                     self.devices_to("reference")
@@ -234,6 +260,11 @@ class AgenticPipeline:
                 metrics.update(adv_metrics)
                 self.kl_ctl = self.kl_ctl.update(adv_metrics.get("actor/kl_to_reference", 0.0), len(batch))
                 self._warn_singleton_groups(adv_metrics)
+            if recompute and "infer_logprobs" in batch:
+                # With old log-probs of their own, the gap to the sampler's is measured (and corrected) on the
+                # whole batch here; otherwise the actor's loss does it on its first forward.
+                batch, gap_metrics = apply_train_infer_correction(batch, correction_of(cfg))
+                metrics.update(gap_metrics)
             if "critic" in self.clusters:
                 with timer("critic_train"):
                     metrics.update(self.clusters["critic"].dispatch(
@@ -247,16 +278,35 @@ class AgenticPipeline:
                 with timer("checkpoint"):
                     self.save(step)
             metrics.update(self._throughput(batch, metrics, time.perf_counter() - step_start))
-            if step % cfg.logging_steps == 0 or step + 1 == cfg.max_steps:
-                self.tracker.log(metrics, step)
-                self._log_episode(rollout.trajectories, step)
-            bar.update(1)
-            last = metrics
+            last = self._end_step(step, metrics, rollout.trajectories, bar)
         bar.close()
         self.tracker.close()
         return last
 
+    def _end_step(self, step: int, metrics: dict[str, float], trajectories: list[Any], bar: Any) -> dict[str, float]:
+        """Log the step (every logging_steps, and the last one) and move the progress bar."""
+        if step % self.cfg.logging_steps == 0 or step + 1 == self.cfg.max_steps:
+            self.tracker.log(metrics, step)
+            self._log_episode(trajectories, step)
+        bar.update(1)
+        return metrics
+
     # --- pieces
+    def collect(self, mode: str, n: int, step: int) -> RolloutResult:
+        """A rollout of ``n`` trajectories: played by the envs, or replayed from a dump (rollout_mock: mock);
+        dumped for replay (rollout_mock: dump) and as readable rows (rollout_dump_dir) when asked."""
+        cfg = self.cfg
+        mock = cfg.rollout_mock if cfg.rollout_mock is not None and cfg.rollout_mock.enable else None
+        if mock is not None and mock.mode == "mock":
+            batch, metrics = load_rollout(mock.dump_dir, mode, step)
+            return RolloutResult(batch, {**metrics, f"{mode}/replayed": 1.0}, [])
+        result = (self.train_rollout if mode == "train" else self.val_rollout).collect(n, step)
+        if mock is not None:
+            save_rollout(mock.dump_dir, mode, step, result.batch, result.metrics)
+        if cfg.rollout_dump_dir:
+            write_rows(cfg.rollout_dump_dir, mode, step, result.batch, self.template.decode)
+        return result
+
     def _log_episode(self, trajectories: list[Any], step: int) -> None:
         """One sampled training episode (the step's first) to the tracker: transcript and frames."""
         if not trajectories:
@@ -293,6 +343,7 @@ class AgenticPipeline:
             use_kl_loss=cfg.use_kl_loss, kl_loss_coef=cfg.kl_loss_coef, kl_loss_type=cfg.kl_loss_type,
             entropy_loss_coef=cfg.entropy_loss_coef, sft_loss_coef=cfg.sft_loss_coef, agg_mode=cfg.loss_agg_mode,
             norm_length=float(cfg.sequence_length), ratio_type=cfg.ratio_type,
+            pg_variant=effective_pg_variant(cfg), correction=correction_of(cfg),
         )
 
     def _warn_singleton_groups(self, metrics: dict[str, float]) -> None:

@@ -25,23 +25,20 @@ import torch
 from roll.agentic.conversation import ChatTemplate
 from roll.agentic.env_managers.base import EnvError, EnvSlot, EpisodeLimits, EpisodeRequest, Trajectory
 from roll.agentic.render import write_trajectory
+from roll.configs.shipped import TRAJ_MANAGER, roll_class
 from roll.distributed.batch import Batch
 from roll.strategies.base import SamplingParams
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MANAGER = "roll.agentic.env_managers.trajectory.TrajEnvManager"
-# ROLL's class paths, so ROLL configs keep working.
-MANAGER_ALIASES = {
-    "roll.pipeline.agentic.env_manager.traj_env_manager.TrajEnvManager": DEFAULT_MANAGER,
-    "roll.pipeline.agentic.env_manager.step_env_manager.StepEnvManager": "roll.agentic.env_managers.step.StepEnvManager",
-}
+DEFAULT_MANAGER = TRAJ_MANAGER
 
 
 def import_path(path: str) -> Any:
+    """The class at ``path`` (ROLL's path of a class we implement maps to ours)."""
     from envs.registration import load_entry_point
 
-    return load_entry_point(MANAGER_ALIASES.get(path, path))
+    return load_entry_point(roll_class(path))
 
 
 def build_slots(custom_envs: dict[str, Any], em: Any) -> list[EnvSlot]:
@@ -60,6 +57,30 @@ def build_slots(custom_envs: dict[str, Any], em: Any) -> list[EnvSlot]:
                 slots.append(EnvSlot(len(slots), group, tag, entry))
             group += 1
     return slots
+
+
+def share_step_limits(placement: list[tuple[str, list[EnvSlot]]]) -> list[tuple[str, list[EnvSlot]]]:
+    """Each manager's part of its tags' ``max_env_step_concurrent``: in proportion to the envs of the tag it
+    hosts, at least 1, so the managers together never run more env calls of a tag at once than the limit
+    (while there are no more managers than the limit)."""
+    totals: dict[str, int] = {}
+    for _, part in placement:
+        for slot in part:
+            totals[slot.tag] = totals.get(slot.tag, 0) + 1
+    out = []
+    for cls_path, part in placement:
+        here: dict[str, int] = {}
+        for slot in part:
+            here[slot.tag] = here.get(slot.tag, 0) + 1
+        shared = []
+        for slot in part:
+            limit = int(slot.entry.get("max_env_step_concurrent") or 0)
+            if limit > 0 and here[slot.tag] < totals[slot.tag]:
+                share = max(1, limit * here[slot.tag] // totals[slot.tag])
+                slot = dataclasses.replace(slot, entry={**slot.entry, "max_env_step_concurrent": share})
+            shared.append(slot)
+        out.append((cls_path, shared))
+    return out
 
 
 def _actor_died(e: BaseException) -> bool:
@@ -129,6 +150,7 @@ class RolloutScheduler:
         for cls_path, group_slots in self._by_manager().items():
             for start in range(0, len(group_slots), per_host):  # max_env_num_per_worker envs per manager
                 self.placement.append((cls_path, group_slots[start:start + per_host]))
+        self.placement = share_step_limits(self.placement)
         self.managers = [factory(cls_path, part) for cls_path, part in self.placement]
         grans = {m.granularity for m in self.managers}
         if len(grans) > 1:

@@ -10,11 +10,15 @@ global counts the local ones are used (a plain mean of this batch).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from roll.algorithms.kl import kl_penalty
 from roll.algorithms.masked import masked_sum
+
+if TYPE_CHECKING:
+    from roll.algorithms.train_infer import Correction
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -97,10 +101,12 @@ def ppo_policy_loss(
     counts: GlobalCounts | None = None,
     norm_length: float | None = None,
     ratio_type: str = "token",
+    weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped PPO surrogate: max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)); with ``dual_clip``
     (c > 1) the loss of negative-advantage tokens is also capped at -A c. ``ratio_type: segment``
-    uses one ratio per model turn (the exp of the turn's mean log-ratio)."""
+    uses one ratio per model turn (the exp of the turn's mean log-ratio). ``weight`` multiplies each
+    token's loss before aggregation (the train/infer importance weight)."""
     log_ratio = log_ratio_of(logprob, old_logprob, mask, ratio_type)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
@@ -119,7 +125,11 @@ def ppo_policy_loss(
         "actor/ratio_mean": token_share(ratio, mask, counts),
         "actor/dual_clipfrac": token_share(dual_hit.float(), mask, counts),
     }
-    return aggregate(loss, mask, agg_mode, counts, norm_length), metrics
+    return aggregate(_weighted(loss, weight), mask, agg_mode, counts, norm_length), metrics
+
+
+def _weighted(loss: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    return loss if weight is None else loss * weight
 
 
 def topr_policy_loss(
@@ -134,15 +144,74 @@ def topr_policy_loss(
     counts: GlobalCounts | None = None,
     norm_length: float | None = None,
     ratio_type: str = "token",
+    weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """TOPR (tapered off-policy REINFORCE): positive-advantage tokens get the plain REINFORCE
     gradient; negative ones are weighted by the truncated ratio min(r, 1) (no gradient through it)."""
     ratio = torch.exp(log_ratio_of(logprob, old_logprob, mask, ratio_type)).detach()
     positive = advantages >= 0
-    weight = torch.where(positive, torch.full_like(ratio, positive_weight), negative_weight * ratio.clamp(max=1.0))
-    loss = -weight * advantages * logprob
+    taper = torch.where(positive, torch.full_like(ratio, positive_weight), negative_weight * ratio.clamp(max=1.0))
+    loss = -taper * advantages * logprob
     metrics = {"actor/topr_negative_frac": token_share((~positive).float(), mask, counts)}
-    return aggregate(loss, mask, agg_mode, counts, norm_length), metrics
+    return aggregate(_weighted(loss, weight), mask, agg_mode, counts, norm_length), metrics
+
+
+PG_VARIANTS = ("vanilla", "ppo", "tis", "topr", "cispo", "kimi15")
+TIS_BOUNDS = (0.0, 1.0)  # the truncation range of tis and of topr's negative samples
+CISPO_EPSILON = (0.1, 0.1)  # cispo keeps its weight in [1 - low, 1 + high]
+KIMI15_TAU = 0.1  # strength of kimi15's squared log-ratio penalty
+
+
+def variant_token_loss(
+    variant: str,
+    logprob: torch.Tensor,
+    old_logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    positive_rows: torch.Tensor | None = None,
+    positive_weight: float = 1.0,
+    negative_weight: float = 1.0,
+    ratio_type: str = "token",
+    counts: GlobalCounts | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The [B, T] token loss of a ``pg_variant`` other than ppo, with r = pi / pi_old (of ``ratio_type``):
+
+    - vanilla: -A log pi (plain REINFORCE, no ratio);
+    - tis: -sg(clip(r, 0, 1)) A log pi (truncated importance sampling);
+    - topr: rows of positive episodes (``positive_rows``: score > 0) -A log pi, the others
+      -sg(clip(r, 0, 1)) A log pi, weighted by ``positive_weight`` / ``negative_weight``;
+    - cispo: -sg(clip(r, 1 - 0.1, 1 + 0.1)) A log pi;
+    - kimi15: -A log pi + tau / 2 (log pi - log pi_old)^2 with tau 0.1.
+
+    sg is stop-gradient. Metrics are this batch's shares of the global token means."""
+    log_ratio = log_ratio_of(logprob, old_logprob, mask, ratio_type)
+    ratio = torch.exp(log_ratio).detach()
+    metrics: dict[str, float] = {"actor/ratio_mean": token_share(ratio, mask, counts)}
+    if variant == "vanilla":
+        return -advantages * logprob, metrics
+    if variant in ("tis", "topr"):
+        low, high = TIS_BOUNDS
+        truncated = ratio.clamp(low, high)
+        metrics[f"actor/{variant}_clipfrac"] = token_share(((ratio < low) | (ratio > high)).float(), mask, counts)
+        if variant == "tis":
+            return -truncated * advantages * logprob, metrics
+        if positive_rows is None:
+            raise ValueError("pg_variant topr needs the rows' episode scores (positive_rows)")
+        positive = positive_rows.to(logprob.dtype)[:, None].expand_as(logprob)
+        loss = positive_weight * positive * (-advantages * logprob) + negative_weight * (1 - positive) * (
+            -truncated * advantages * logprob)
+        metrics["actor/topr_positive_frac"] = token_share(positive, mask, counts)
+        return loss, metrics
+    if variant == "cispo":
+        low, high = 1.0 - CISPO_EPSILON[0], 1.0 + CISPO_EPSILON[1]
+        metrics["actor/cispo_clipfrac"] = token_share(((ratio < low) | (ratio > high)).float(), mask, counts)
+        return -ratio.clamp(low, high) * advantages * logprob, metrics
+    if variant == "kimi15":
+        penalty = 0.5 * KIMI15_TAU * (logprob - old_logprob) ** 2
+        metrics["actor/kimi15_penalty"] = token_share(penalty, mask, counts)
+        return -advantages * logprob + penalty, metrics
+    raise ValueError(f"unknown pg_variant {variant!r}; use one of {PG_VARIANTS}")
 
 
 def value_loss(
@@ -202,6 +271,8 @@ class ActorLossConfig:
     agg_mode: str = "seq-mean-token-mean"
     norm_length: float | None = None  # seq-mean-token-sum-norm: the run's constant length
     ratio_type: str = "token"
+    pg_variant: str | None = None  # ROLL's agentic PG worker losses (see variant_token_loss); None: PPO / TOPR above
+    correction: Correction | None = None  # train/infer correction applied in the loss (no recomputed old log-probs)
 
 
 def actor_loss(
@@ -215,19 +286,29 @@ def actor_loss(
     entropy: torch.Tensor | None = None,
     positive_rows: torch.Tensor | None = None,
     counts: GlobalCounts | None = None,
+    weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """rl_loss_coef x (PPO or TOPR) + kl_loss_coef x KL(ref) - entropy_loss_coef x entropy
-    + sft_loss_coef x NLL on positive rows; returns (loss, metrics).
+    """rl_loss_coef x (the pg_variant loss, else PPO or TOPR) + kl_loss_coef x KL(ref) - entropy_loss_coef
+    x entropy + sft_loss_coef x NLL on positive rows; returns (loss, metrics). ``weight`` multiplies each
+    token's policy loss before aggregation (the train/infer importance weight).
 
     Every metric is this batch's part of the global-batch value (see ``token_share``): the parts of
     all micro-batches and ranks add up to the metric of the whole batch, as the losses do."""
     agg = {"agg_mode": cfg.agg_mode, "counts": counts, "norm_length": cfg.norm_length}
-    if cfg.use_topr_loss:
+    if cfg.pg_variant not in (None, "ppo"):
+        tokens, metrics = variant_token_loss(
+            cfg.pg_variant, logprob, old_logprob, advantages, mask, positive_rows=positive_rows,
+            positive_weight=cfg.topr_positive_weight, negative_weight=cfg.topr_negative_weight,
+            ratio_type=cfg.ratio_type, counts=counts)
+        pg = aggregate(_weighted(tokens, weight), mask, cfg.agg_mode, counts, cfg.norm_length)
+    elif cfg.use_topr_loss and cfg.pg_variant is None:
         pg, metrics = topr_policy_loss(logprob, old_logprob, advantages, mask, positive_weight=cfg.topr_positive_weight,
-                                       negative_weight=cfg.topr_negative_weight, ratio_type=cfg.ratio_type, **agg)
+                                       negative_weight=cfg.topr_negative_weight, ratio_type=cfg.ratio_type, weight=weight,
+                                       **agg)
     else:
         pg, metrics = ppo_policy_loss(logprob, old_logprob, advantages, mask, clip_low=cfg.pg_clip_low,
-                                      clip_high=cfg.pg_clip_high, dual_clip=cfg.dual_clip, ratio_type=cfg.ratio_type, **agg)
+                                      clip_high=cfg.pg_clip_high, dual_clip=cfg.dual_clip, ratio_type=cfg.ratio_type,
+                                      weight=weight, **agg)
     total = cfg.rl_loss_coef * pg
     metrics["actor/pg_loss"] = float(pg.detach())
     if cfg.use_kl_loss:

@@ -15,7 +15,7 @@ from typing import Any, Literal, Union
 
 from roll.configs import schema
 from roll.configs.errors import ConfigError, join_path, nearest
-from roll.configs.roll_compat import NO_EFFECT
+from roll.configs.roll_compat import NO_EFFECT, REFUSED
 
 # Which roll_compat section a dataclass's unknown keys are looked up in.
 _SECTION = {
@@ -34,6 +34,7 @@ _SECTION = {
 # Alternative spellings used by ROLL's guide: alias -> canonical field, per dataclass.
 ALIASES: dict[type, dict[str, str]] = {
     schema.EnvManagerConfig: {"env_groups": "num_env_groups", "n_groups": "num_groups_partition"},
+    schema.CustomEnvConfig: {"history_length": "history_window"},
 }
 
 
@@ -74,6 +75,10 @@ def _build_dataclass(cls: type, data: Any, path: str, report: BuildReport, helpe
             if name in kwargs:
                 raise ConfigError(key_path, f"given twice (as {name!r} and its alias {key!r})")
             kwargs[name] = _convert(hints[name], value, key_path, report)
+        elif key in REFUSED.get(section, {}):
+            refusal = REFUSED[section][key]
+            if not refusal.is_off(value):
+                raise ConfigError(key_path, refusal.reason)
         elif key in NO_EFFECT.get(section, {}):
             report.no_effect[key_path] = NO_EFFECT[section][key]
         elif not path and key in helpers:

@@ -34,23 +34,42 @@ ROLE_STRATEGIES = {
 INFERENCE_ENGINES = ("hf_infer", "vllm", "sglang")
 
 
-def finalize(cfg: schema.PipelineConfig) -> schema.PipelineConfig:
-    """Return a copy of ``cfg`` with every derived value filled in and all cross-key rules checked."""
+def finalize(cfg: schema.PipelineConfig, rollout_only: bool = False) -> schema.PipelineConfig:
+    """Return a copy of ``cfg`` with every derived value filled in and all cross-key rules checked.
+    ``rollout_only``: the run plays the training envs with actor_infer and trains nothing (ROLL's
+    rollout pipeline), so only actor_infer and the training env manager are checked and derived."""
     cfg = dataclasses.replace(cfg)  # shallow copy; nested parts are replaced below, never mutated
     check_domains(cfg)
     _positive(cfg)
     _check_training_meaning(cfg)
+    if not rollout_only:
+        _check_pg_worker(cfg)
+        if cfg.actor_train == schema.WorkerConfig():
+            raise ConfigError("actor_train", "no actor_train section: this config trains nothing; to play its envs and "
+                              "dump the rollouts only, run examples/start_agentic_rollout_pipeline.py")
     cfg.sequence_length = _sequence_length(cfg)
-    for role in schema.ROLES:
+    for role in ROLLOUT_ROLES if rollout_only else schema.ROLES:
         worker = getattr(cfg, role)
         if worker is not None:
             setattr(cfg, role, _finalize_worker(cfg, role, worker))
-    _check_required_roles(cfg)
+    _check_required_roles(cfg, ROLLOUT_ROLES if rollout_only else ("actor_train", "actor_infer"))
     cfg.num_nodes = max(cfg.num_nodes, _nodes_needed(cfg))
     cfg.train_env_manager = _finalize_env_manager(cfg, "train_env_manager", train_batch_size(cfg))
-    cfg.val_env_manager = _finalize_env_manager(cfg, "val_env_manager", cfg.val_batch_size)
-    _check_train_batch(cfg)
+    if not rollout_only:
+        cfg.val_env_manager = _finalize_env_manager(cfg, "val_env_manager", cfg.val_batch_size)
+        _check_train_batch(cfg)
     return cfg
+
+
+ROLLOUT_ROLES = ("actor_infer",)
+
+
+def _check_pg_worker(cfg: schema.PipelineConfig) -> None:
+    from roll.configs.shipped import ROLL_PG_WORKER
+
+    if cfg.actor_train.worker_cls == ROLL_PG_WORKER and cfg.actor_train.pg_variant is None:
+        raise ConfigError("actor_train.pg_variant", "ROLL's PG worker (actor_train.worker_cls) needs a pg_variant: vanilla, "
+                          "ppo, tis, topr, cispo or kimi15")
 
 
 def train_batch_size(cfg: schema.PipelineConfig) -> int:
@@ -66,6 +85,14 @@ def needs_reference(cfg: schema.PipelineConfig) -> bool:
 def dual_clip_constant(cfg: schema.PipelineConfig) -> float:
     """The dual-clip bound c: dual_clip_c, or ROLL's 1 + 2 x pg_clip when unset."""
     return cfg.dual_clip_c if cfg.dual_clip_c is not None else 1.0 + 2.0 * cfg.pg_clip
+
+
+def effective_pg_variant(cfg: schema.PipelineConfig) -> str | None:
+    """actor_train's pg_variant as ROLL runs it: ROLL's plain agentic actor worker ignores the key."""
+    from roll.configs.shipped import ROLL_PLAIN_ACTORS
+
+    worker = cfg.actor_train
+    return None if worker.worker_cls in ROLL_PLAIN_ACTORS else worker.pg_variant
 
 
 def needs_critic(cfg: schema.PipelineConfig) -> bool:
@@ -216,10 +243,12 @@ def _check_strategy(role: str, strategy: str) -> None:
     raise ConfigError(path, f"unknown strategy {strategy!r} (known: {', '.join(schema.STRATEGY_NAMES)}){suffix}")
 
 
-def _check_required_roles(cfg: schema.PipelineConfig) -> None:
-    for role in ("actor_train", "actor_infer"):
+def _check_required_roles(cfg: schema.PipelineConfig, required: tuple[str, ...]) -> None:
+    for role in required:
         if getattr(cfg, role).device_mapping is None:
             raise ConfigError(f"{role}.device_mapping", "required: the devices this role runs on, e.g. '[0]' or 'list(range(0,8))'")
+    if "actor_train" not in required:
+        return
     if needs_critic(cfg) and (cfg.critic is None or cfg.critic.device_mapping is None):
         raise ConfigError("critic.device_mapping", "required because adv_estimator is 'gae' (it needs a value model)")
     if needs_reference(cfg) and (cfg.reference is None or cfg.reference.device_mapping is None):
@@ -229,7 +258,9 @@ def _check_required_roles(cfg: schema.PipelineConfig) -> None:
 
 
 def _nodes_needed(cfg: schema.PipelineConfig) -> int:
-    ids = [d for role in schema.ROLES if getattr(cfg, role) is not None for d in (getattr(cfg, role).device_mapping or [])]
+    # roles a rollout-only run does not finalize keep their unparsed mapping and are not placed
+    mappings = [getattr(cfg, role).device_mapping for role in schema.ROLES if getattr(cfg, role) is not None]
+    ids = [d for m in mappings if isinstance(m, list) for d in m]
     if cfg.num_gpus_per_node < 1:
         raise ConfigError("num_gpus_per_node", f"must be >= 1, got {cfg.num_gpus_per_node}")
     return max(1, math.ceil((max(ids) + 1) / cfg.num_gpus_per_node)) if ids else 1

@@ -12,7 +12,7 @@ from typing import Any, Literal, Union
 
 from roll.configs import schema
 from roll.configs.build import ALIASES
-from roll.configs.roll_compat import NO_EFFECT
+from roll.configs.roll_compat import NO_EFFECT, REFUSED
 from roll.configs.strategy_configs import MegatronConfig, SGLangConfig, VLLMConfig
 
 _SECTIONS: list[tuple[str, type, str]] = [
@@ -26,6 +26,9 @@ _SECTIONS: list[tuple[str, type, str]] = [
     ("Env managers: train_env_manager, val_env_manager", schema.EnvManagerConfig, "<env_manager>"),
     ("custom_envs entries", schema.CustomEnvConfig, "custom_envs.<tag>"),
     ("reward_normalization", schema.RewardNormalizationConfig, "reward_normalization"),
+    ("train_infer_correction.is_weight", schema.TrainInferISWeight, "train_infer_correction.is_weight"),
+    ("train_infer_correction.filters (each entry)", schema.TrainInferFilter, "train_infer_correction.filters[i]"),
+    ("rollout_mock", schema.RolloutMock, "rollout_mock"),
     ("strategy_config of vllm (actor_infer)", VLLMConfig, "<role>.strategy_args.strategy_config"),
     ("strategy_config of sglang (actor_infer)", SGLangConfig, "<role>.strategy_args.strategy_config"),
     ("strategy_config of megatron_train / megatron_infer", MegatronConfig, "<role>.strategy_args.strategy_config"),
@@ -86,16 +89,21 @@ def render_markdown() -> str:
                 f"| `{key}` | {_type_text(typing.get_type_hints(cls)[f.name])} | {_default_text(f)} | "
                 f"{_cell(help_text)} | {status} |"
             )
-    out.append("\n## ROLL keys accepted without effect\n")
-    out.append(
-        "These ROLL keys are accepted so ROLL configs load unchanged; the loader prints one warning naming "
-        "each one it saw. Any other unknown key is an error (with the nearest valid key).\n"
-    )
-    out.append("| Section | Key | Why it has no effect |\n|---|---|---|")
-    for section, keys in NO_EFFECT.items():
-        for key, why in keys.items():
-            out.append(f"| {section} | `{key}` | {_cell(why)} |")
+    out += _table("ROLL keys accepted without effect",
+                  "These ROLL keys are accepted so ROLL configs load unchanged; the loader prints one warning naming "
+                  "each one it saw. Any other unknown key is an error (with the nearest valid key).",
+                  "Why it has no effect", [(sec, key, why) for sec, keys in NO_EFFECT.items() for key, why in keys.items()])
+    out += _table("ROLL keys refused at load",
+                  "These ROLL keys would change the loss, the sampled data or the model if they worked. Set to anything "
+                  "but their off value (null, 0, false, or ROLL's no-op default), they stop the load with one line naming "
+                  "the key and the reason.",
+                  "Why it is refused", [(sec, key, r.reason) for sec, keys in REFUSED.items() for key, r in keys.items()])
     return "\n".join(out) + "\n"
+
+
+def _table(title: str, intro: str, why: str, rows: list[tuple[str, str, str]]) -> list[str]:
+    return [f"\n## {title}\n", intro + "\n", f"| Section | Key | {why} |\n|---|---|---|",
+            *(f"| {section} | `{key}` | {_cell(text)} |" for section, key, text in rows)]
 
 
 def _cell(text: str) -> str:

@@ -15,6 +15,9 @@ from roll.configs import schema
 from roll.configs.errors import ConfigError
 
 TEMPLATE_FIELDS = {"observation", "turn_idx", "actions_left", "max_response_length"}
+# ROLL's step-wise prompt (one user message holding the recent history), read by the step-wise manager
+STEP_TEMPLATE_FIELDS = {"env_instruction", "step_count", "history_length", "history", "current_step",
+                        "current_observation", "max_response_length"}
 
 
 def check_domains(cfg: schema.PipelineConfig) -> None:
@@ -43,6 +46,25 @@ def check_domains(cfg: schema.PipelineConfig) -> None:
             raise ConfigError(f"{name}.max_env_retries", f"must be >= 0, got {em.max_env_retries}")
     for tag, entry in cfg.custom_envs.items():
         _check_env_entry(f"custom_envs.{tag}", entry)
+    _check_step_templates(cfg)
+
+
+def _check_step_templates(cfg: schema.PipelineConfig) -> None:
+    """The step-wise history placeholders need the step-wise manager, which renders them."""
+    from roll.configs.shipped import TRAJ_MANAGER, roll_class
+
+    for name in ("train_env_manager", "val_env_manager"):
+        em = getattr(cfg, name)
+        for tag in em.tags:
+            entry = cfg.custom_envs.get(tag)
+            if entry is None or not entry.agent_template:
+                continue
+            manager = roll_class(entry.env_manager_cls or em.env_manager_cls or TRAJ_MANAGER)
+            step_only = _template_names(entry.agent_template) & (STEP_TEMPLATE_FIELDS - TEMPLATE_FIELDS)
+            if manager == TRAJ_MANAGER and step_only:
+                raise ConfigError(f"custom_envs.{tag}.agent_template", f"{{{sorted(step_only)[0]}}} is rendered by the "
+                                  "step-wise manager only (env_manager_cls: ...StepEnvManager); the trajectory manager "
+                                  "fills {observation}, {turn_idx}, {actions_left}, {max_response_length}")
 
 
 def _check_worker(role: str, worker: schema.WorkerConfig) -> None:
@@ -87,13 +109,24 @@ def _check_env_entry(path: str, entry: schema.CustomEnvConfig) -> None:
     if entry.num_demonstrations < 0:
         raise ConfigError(f"{path}.num_demonstrations", f"must be >= 0, got {entry.num_demonstrations}")
     if entry.agent_template:  # the only text that is str.format-ed (the system prompt is used as written)
-        _check_template(f"{path}.agent_template", entry.agent_template, TEMPLATE_FIELDS)
+        _check_template(f"{path}.agent_template", entry.agent_template, TEMPLATE_FIELDS | STEP_TEMPLATE_FIELDS)
+        names = _template_names(entry.agent_template)
+        if names & (STEP_TEMPLATE_FIELDS - TEMPLATE_FIELDS) and names & (TEMPLATE_FIELDS - STEP_TEMPLATE_FIELDS):
+            raise ConfigError(f"{path}.agent_template", "mixes the per-turn placeholders ({observation}, {turn_idx}, "
+                              "{actions_left}) with the step-wise history ones ({history}, {current_observation}, ...)")
     pattern = (entry.env_config or {}).get("action_pattern")
     if pattern is not None:
         try:
             re.compile(str(pattern))
         except re.error as e:
             raise ConfigError(f"{path}.env_config.action_pattern", f"is not a valid regular expression ({e})") from None
+
+
+def _template_names(template: str) -> set[str]:
+    try:
+        return {name.split(".")[0].split("[")[0] for _, name, _, _ in string.Formatter().parse(template) if name}
+    except ValueError:
+        return set()
 
 
 def _check_template(path: str, template: str, fields: set[str]) -> None:

@@ -30,9 +30,17 @@ ROLE_READERS: dict[str, tuple[str, ...]] = {
     "infer_batch_size": ("actor_train", "critic", "reference"),
 }
 
+# dynamic batching switches and the backends that honour them
+DYNAMIC_BATCHING_READERS: dict[str, tuple[str, ...]] = {
+    "use_dynamic_batching_in_train": ("deepspeed_train",),
+    "use_dynamic_batching_in_infer": ("deepspeed_train", "hf_infer"),
+}
 
-def inert_settings(cfg: schema.PipelineConfig) -> dict[str, str]:
+
+def inert_settings(cfg: schema.PipelineConfig, rollout_only: bool = False) -> dict[str, str]:
     """key path -> why it has no effect, for every key ``cfg`` sets that this run does not use."""
+    if rollout_only:
+        return _rollout_only_inert(cfg)
     out: dict[str, str] = {}
     _inert_fields(cfg, "", out, skip=(*schema.ROLES, "train_env_manager", "val_env_manager"))
     for role in schema.ROLES:
@@ -47,10 +55,20 @@ def inert_settings(cfg: schema.PipelineConfig) -> dict[str, str]:
         if worker.training_args.bf16 and worker.strategy_args.strategy_name != "deepspeed_train" and role in TRAINING_ROLES:
             out[f"{role}.training_args.bf16"] = (f"only deepspeed_train autocasts; {worker.strategy_args.strategy_name} "
                                                  "takes its precision from model_args.dtype")
+        strategy = worker.strategy_args.strategy_name
+        for key, backends in DYNAMIC_BATCHING_READERS.items():
+            if getattr(worker, key) and strategy not in backends:
+                out[f"{role}.{key}"] = (f"{strategy} cuts micro-batches by rows (dynamic batching: "
+                                        f"{', '.join(backends)})")
         for key, readers in ROLE_READERS.items():
             if role not in readers:
                 for path, why in _changed(worker, key, role):
                     out.setdefault(path, f"{role} does not read it (only {', '.join(readers)})" + why)
+    from roll.configs.shipped import ROLL_PLAIN_ACTORS
+
+    if cfg.actor_train.pg_variant is not None and cfg.actor_train.worker_cls in ROLL_PLAIN_ACTORS:
+        out["actor_train.pg_variant"] = (f"{cfg.actor_train.worker_cls} (ROLL's plain actor) does not read it; its "
+                                         "loss is the PPO of the top-level keys (ROLL's PG worker reads it)")
     if cfg.sequence_length is not None:
         for key in ("prompt_length", "response_length"):
             if _differs(cfg, key):
@@ -108,3 +126,19 @@ def _differs(obj: Any, name: str) -> bool:
     f = {f.name: f for f in dataclasses.fields(obj)}[name]
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
     return getattr(obj, name) != default
+
+
+def _rollout_only_inert(cfg: schema.PipelineConfig) -> dict[str, str]:
+    """A rollout-only run starts actor_infer and the training envs: role sections, validation and the
+    training keys it is given do nothing."""
+    why = "a rollout-only run trains nothing (it starts actor_infer and the training envs)"
+    out: dict[str, str] = {}
+    for role in schema.ROLES:
+        worker = getattr(cfg, role)
+        if role != "actor_infer" and worker is not None and worker != schema.WorkerConfig():
+            out[role] = why
+    if cfg.val_env_manager != schema.EnvManagerConfig():
+        out["val_env_manager"] = why
+    infer = cfg.actor_infer
+    _inert_fields(infer, "actor_infer", out)
+    return out

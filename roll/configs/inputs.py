@@ -17,24 +17,33 @@ from roll.configs import schema
 from roll.configs.errors import ConfigError
 
 
-def check_inputs(cfg: schema.PipelineConfig) -> None:
+def check_inputs(cfg: schema.PipelineConfig, rollout_only: bool = False) -> None:
     for role in schema.ROLES:
         worker = getattr(cfg, role, None)
-        if worker is None:
+        if worker is None or (rollout_only and role != "actor_infer"):
             continue
         _check_model(f"{role}.model_args.model_name_or_path", worker.model_args.model_name_or_path)
         _check_class_path(f"{role}.worker_cls", getattr(worker, "worker_cls", None))
         strategy = worker.strategy_args.strategy_name
         if "." in strategy:
             _check_class_path(f"{role}.strategy_args.strategy_name", strategy)
-    for name in ("train_env_manager", "val_env_manager"):
+    validation = cfg.eval_steps > 0 and not rollout_only
+    for name in ("train_env_manager", "val_env_manager") if validation else ("train_env_manager",):
         em = getattr(cfg, name)
         _check_class_path(f"{name}.worker_cls", em.worker_cls)
         _check_manager_path(f"{name}.env_manager_cls", em.env_manager_cls)
-    used = dict.fromkeys(cfg.train_env_manager.tags + (cfg.val_env_manager.tags if cfg.eval_steps > 0 else []))
+    used = dict.fromkeys(cfg.train_env_manager.tags + (cfg.val_env_manager.tags if validation else []))
     for tag in used:
         _check_env(f"custom_envs.{tag}", cfg.custom_envs[tag])
     _check_writable("output_dir", cfg.output_dir)
+    if cfg.rollout_dump_dir:
+        _check_writable("rollout_dump_dir", cfg.rollout_dump_dir)
+    mock = cfg.rollout_mock
+    if mock is not None and mock.enable:
+        if mock.mode == "dump":
+            _check_writable("rollout_mock.dump_dir", mock.dump_dir)
+        else:
+            _check_replay(mock.dump_dir, cfg)
     _check_resume(cfg.resume_from_checkpoint, cfg.output_dir)
 
 
@@ -56,9 +65,10 @@ def _check_class_path(path: str, value: str | None) -> None:
     if not value:
         return
     from envs.registration import load_entry_point
+    from roll.configs.shipped import roll_class
 
     try:
-        load_entry_point(value)
+        load_entry_point(roll_class(value))
     except ValueError as e:
         raise ConfigError(path, str(e)) from None
 
@@ -66,9 +76,7 @@ def _check_class_path(path: str, value: str | None) -> None:
 def _check_manager_path(path: str, value: str | None) -> None:
     if not value:
         return
-    from roll.agentic.rollout import MANAGER_ALIASES
-
-    _check_class_path(path, MANAGER_ALIASES.get(value, value))
+    _check_class_path(path, value)
 
 
 def _check_env(path: str, entry: schema.CustomEnvConfig) -> None:
@@ -93,6 +101,20 @@ def _check_env(path: str, entry: schema.CustomEnvConfig) -> None:
     close = getattr(env, "close", None)
     if close is not None:
         close()
+
+
+def _check_replay(folder: str, cfg: schema.PipelineConfig) -> None:
+    """rollout_mock: mock replays every training step the run takes: each must have its dump."""
+    from roll.agentic.rollout_dump import dumped_steps, step_file
+    from roll.utils.checkpoint import read_state, resolve_resume
+
+    resume = resolve_resume(cfg.resume_from_checkpoint, cfg.output_dir, verify=False)
+    start = int(read_state(resume)["step"]) + 1 if resume is not None else 0
+    have = set(dumped_steps(folder, "train"))
+    missing = [s for s in range(start, cfg.max_steps) if s not in have]
+    if missing:
+        raise ConfigError("rollout_mock.dump_dir", f"no dump of train step {missing[0]} ({step_file(folder, 'train', missing[0], '.pt')}); "
+                          f"{len(missing)} of the run's {cfg.max_steps - start} steps are missing")
 
 
 def _check_writable(path: str, folder: str) -> None:

@@ -62,9 +62,11 @@ def load_config(
     config_path: str | os.PathLike[str] | None = None,
     overrides: Sequence[str] = (),
     search_roots: Sequence[Path] = (),
+    rollout_only: bool = False,
 ) -> LoadedConfig:
     """Compose ``config_name`` from ``config_path`` with Hydra ``overrides`` and return the typed,
-    finalized config. Raises ConfigError for any problem."""
+    finalized config (``rollout_only``: for a run that plays the envs and trains nothing). Raises
+    ConfigError for any problem."""
     config_dir = resolve_config_dir(config_path, search_roots)
     config_name = config_name[:-5] if config_name.endswith(".yaml") else config_name
     primary = config_dir / f"{config_name}.yaml"
@@ -74,6 +76,8 @@ def load_config(
         suffix = f"; did you mean {hint!r}?" if hint else ""
         raise ConfigError("--config_name", f"no {config_name}.yaml in {config_dir}{suffix}")
 
+    if not primary.read_text(encoding="utf-8", errors="replace").strip():
+        raise ConfigError(str(primary), "the config file is empty")
     base = _compose(config_dir, config_name, ())
     overrides = _checked_overrides(base, overrides)
     composed = _compose(config_dir, config_name, overrides) if overrides else base
@@ -81,17 +85,43 @@ def load_config(
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    from roll.configs.shipped import check_shipped
+
     try:
         data = OmegaConf.to_container(composed, resolve=True)
     except OmegaConfBaseException as e:
+        check_shipped(_leniently_resolved(composed))  # a missing feature is the first thing to say
         raise ConfigError(_key_of(e), f"cannot resolve: {_first_line(e)}") from None
+    check_shipped(data)
 
     report = BuildReport()
     helpers = _helper_keys(composed, primary, overrides)
     cfg = build_config(data, allowed_helper_keys=helpers, report=report)
-    cfg = finalize(cfg)
-    inert = {**report.no_effect, **inert_settings(cfg)}
+    cfg = finalize(cfg, rollout_only)
+    inert = {**report.no_effect, **inert_settings(cfg, rollout_only)}
     return LoadedConfig(cfg, config_dir, config_name, inert, report.helper_keys)
+
+
+def _leniently_resolved(node: Any) -> Any:
+    """The composed config as plain data, with every value that fails to resolve (an unset environment
+    variable, a missing key) replaced by None."""
+    from omegaconf import DictConfig, ListConfig
+
+    if isinstance(node, DictConfig):
+        keys = list(node.keys())
+        return {str(k): _leniently_resolved(_get_or_none(node, k)) for k in keys}
+    if isinstance(node, ListConfig):
+        return [_leniently_resolved(_get_or_none(node, i)) for i in range(len(node))]
+    return node
+
+
+def _get_or_none(node: Any, key: Any) -> Any:
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return node[key]
+    except (OmegaConfBaseException, KeyError, ValueError):
+        return None
 
 
 def _compose(config_dir: Path, config_name: str, overrides: Sequence[str]) -> Any:
@@ -104,8 +134,11 @@ def _compose(config_dir: Path, config_name: str, overrides: Sequence[str]) -> An
             # ROLL's configs omit `_self_` in their defaults; Hydra then composes the main file last,
             # which is what they rely on, so the upgrade notice is noise for them.
             warnings.filterwarnings("ignore", message=".*Defaults list is missing `_self_`.*")
+            # Our examples/config is searched after the config's own tree: ROLL removed its deepspeed_zero*.yaml
+            # pieces, so a ROLL config naming ../config/deepspeed_zero2 finds ours (its own files come first).
+            searchpath = f"hydra.searchpath=[file://{DEFAULT_CONFIG_DIR}]"
             with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-                return compose(config_name=config_name, overrides=list(overrides))
+                return compose(config_name=config_name, overrides=[*overrides, searchpath])
     except (HydraException, OmegaConfBaseException) as e:
         cause = _yaml_cause(e)
         if cause is not None:

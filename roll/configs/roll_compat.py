@@ -1,18 +1,23 @@
-"""ROLL keys accepted for compatibility but without effect here.
+"""ROLL keys this project does not implement: accepted without effect, or refused.
 
-A config written for ROLL loads unchanged: each key below is accepted, and the loader emits one
-warning naming every such key it saw. A key that is neither in the schema nor listed here is an
-error. ``docs/config.md`` lists these keys (generated from this table).
+``NO_EFFECT``: keys that change neither the loss, the sampled data nor the model (profiling,
+offload and scheduling switches). A config that sets one loads; the loader prints one warning
+naming every such key with the reason. ``REFUSED``: keys that would change training if they
+worked; a config that sets one (to anything but its off value) stops at load with one line naming
+the key and what to use instead. A key that is in neither table nor the schema is an error.
+``docs/config.md`` lists both tables (generated from them).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 # section -> {key: why it has no effect here}
 NO_EFFECT: dict[str, dict[str, str]] = {
     "pipeline": {
         "base_dir": "outputs go under output_dir",
-        "rollout_dump_dir": "rollout dumping is not implemented",
-        "rollout_mock": "rollout dump/mock replay is not implemented",
         "profiler_timeline": "use the per-phase timings in the metrics instead",
         "profiler_memory": "there is no memory profiler",
         "profiler_output_dir": "no profiler output",
@@ -25,22 +30,12 @@ NO_EFFECT: dict[str, dict[str, str]] = {
         "user_defined_rollout_loop_cls": "use env_manager_cls / worker_cls",
         "val_prompt_length": "validation uses prompt_length",
         "val_sequence_length": "validation uses sequence_length",
-        "force_disable_old_logprobs_recompute": "the training forward's log-probs serve as old log-probs exactly "
-        "when that is exact (see enable_old_logprobs_recompute), never otherwise",
-        "train_infer_correction": "train/infer mismatch correction is not implemented",
         "offload_backend": "offload uses the strategy's own mechanism",
     },
     "worker": {
         "name": "the role name comes from the config section",
-        "pg_variant": "the loss is chosen by the top-level loss keys",
         "backend_timeout": "collectives use torch.distributed's default timeout",
         "max_concurrency": "actor concurrency is set by the scheduler",
-        "use_dynamic_batching_in_train": "micro-batches are cut by row count (per_device_train_batch_size)",
-        "max_tokens_per_microbatch_in_train": "micro-batches are cut by row count (per_device_train_batch_size)",
-        "sequence_length_round_in_train": "no sequence-length rounding",
-        "use_dynamic_batching_in_infer": "log-prob passes are cut by row count (infer_batch_size)",
-        "max_tokens_per_microbatch_in_infer": "log-prob passes are cut by row count (infer_batch_size)",
-        "sequence_length_round_in_infer": "no sequence-length rounding",
         "offload_nccl": "no NCCL buffer offload",
         "use_sequence_packing": "sequence packing is not implemented",
         "sequence_packing_args": "sequence packing is not implemented",
@@ -48,14 +43,8 @@ NO_EFFECT: dict[str, dict[str, str]] = {
         "apply_loss_scale": "losses are always normalised by global token/sequence counts",
     },
     "model_args": {
-        "lora_target": "LoRA is not implemented",
-        "lora_rank": "LoRA is not implemented",
-        "lora_alpha": "LoRA is not implemented",
-        "lora_dropout": "LoRA is not implemented",
         "ulysses_size": "Ulysses sequence parallel is not implemented",
-        "freeze_module_prefix": "module freezing is not implemented",
         "flash_attn": "use attn_implementation",
-        "model_config_kwargs": "model config overrides are not implemented",
     },
     "training_args": {
         "seed": "the top-level seed is used",
@@ -69,19 +58,62 @@ NO_EFFECT: dict[str, dict[str, str]] = {
         "preprocessing_num_workers": "agentic training reads no dataset",
     },
     "generating_args": {
-        "min_new_tokens": "not supported by every backend",
         "length_penalty": "beam search is not used for RL rollouts",
         "early_stopping": "beam search is not used for RL rollouts",
     },
     "env_manager": {
         "name": "the manager name comes from the config section",
-        "llm_proxy": "the policy is always actor_infer",
-        "group_filter_cls": "group filtering is not implemented",
         "model_args": "env managers use actor_infer's tokenizer",
     },
     "custom_env": {
         "use_thread_lock": "env generation is re-entrant; no lock is needed",
-        "max_env_step_concurrent": "env steps are scheduled by the rollout scheduler",
     },
     "reward_normalization": {},
+}
+
+
+def _off(*values: Any) -> Callable[[Any], bool]:
+    return lambda v: v in values or v == {} or v == []
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A ROLL key that would change training: refused at load unless ``is_off(value)``."""
+
+    reason: str
+    is_off: Callable[[Any], bool]
+
+
+_LORA = "LoRA is not shipped yet: it would train adapters instead of the whole model; remove the lora_* keys"
+# section -> {key: refusal}
+REFUSED: dict[str, dict[str, Refusal]] = {
+    "pipeline": {
+        "force_disable_old_logprobs_recompute": Refusal(
+            "it makes ROLL reuse the training forward's log-probs as old log-probs even where they differ (several "
+            "optimizer steps per rollout); here they are reused only where that is exact (enable_old_logprobs_recompute)",
+            _off(False, None)),
+    },
+    "model_args": {
+        "lora_target": Refusal(_LORA, _off(None, "")),
+        "lora_rank": Refusal(_LORA, _off(None, 0)),
+        "lora_alpha": Refusal(_LORA, _off(None, 0)),
+        "lora_dropout": Refusal(_LORA, _off(None, 0, 0.0)),
+        "freeze_module_prefix": Refusal(
+            "freezing modules is not shipped: every weight of the model trains; remove the key", _off(None, "")),
+        "model_config_kwargs": Refusal(
+            "overriding the model's config is not shipped: the model loads with its own config; remove the key",
+            _off(None)),
+    },
+    "generating_args": {
+        "min_new_tokens": Refusal("a minimum generation length is not shipped (it changes the sampled data); remove "
+                                  "the key or set it to 0", _off(None, 0)),
+    },
+    "env_manager": {
+        "llm_proxy": Refusal(
+            "only the policy (actor_infer) answers the envs here; an openai or random proxy is not shipped",
+            lambda v: v is None or (isinstance(v, dict) and v.get("proxy_type", "policy") == "policy")),
+        "group_filter_cls": Refusal(
+            "group filters are not shipped (they change which groups train); remove the key",
+            _off(None, "roll.pipeline.agentic.agentic_pipeline.GroupFilter")),
+    },
 }

@@ -31,6 +31,8 @@ AdvEstimator = Literal[
     "agentic_reinforce",
 ]
 KLPenalty = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"]
+PGVariant = Literal["vanilla", "ppo", "tis", "topr", "cispo", "kimi15"]
+RatioGranularity = Literal["token", "segment", "geometric", "sequence"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
@@ -162,6 +164,31 @@ class WorkerConfig:
     )
     topr_positive_weight: float = opt(1.0, "TOPR loss weight of positive-reward samples.")
     topr_negative_weight: float = opt(1.0, "TOPR loss weight of negative-reward samples.")
+    pg_variant: PGVariant | None = opt(
+        None, "actor_train: the policy-gradient loss of ROLL's agentic PG worker. null: the PPO loss of the top-level "
+        "keys (pg_clip, dual_clip_loss, use_topr_loss). vanilla: -A log p. ppo: the clipped surrogate. tis: -sg(clip(r, "
+        "0, 1)) A log p. topr: episodes with score > 0 get -A log p, the others -sg(clip(r, 0, 1)) A log p, weighted by "
+        "topr_positive/negative_weight. cispo: -sg(clip(r, 0.9, 1.1)) A log p. kimi15: -A log p + 0.05 (log p - log "
+        "p_old)^2. r is the ratio of ratio_type; KL, entropy and SFT terms are added as for null.")
+    use_dynamic_batching_in_train: bool = opt(
+        False, "Cut each mini-batch into micro-batches by token count (at most max_tokens_per_microbatch_in_train tokens "
+        "each, rows of similar length together, padding trimmed per micro-batch) instead of by row count. The loss "
+        "and gradients are unchanged (losses are normalised by global counts); only speed and memory change. "
+        "deepspeed_train.")
+    max_tokens_per_microbatch_in_train: int = opt(
+        0, "Token budget of one training micro-batch (rows x padded length) with dynamic batching; 0: "
+        "per_device_train_batch_size x sequence_length.")
+    sequence_length_round_in_train: int = opt(
+        4, "With dynamic batching, each training micro-batch is padded to a multiple of this many tokens.")
+    use_dynamic_batching_in_infer: bool = opt(
+        False, "Cut log-prob / value passes into micro-batches by token count (max_tokens_per_microbatch_in_infer) "
+        "instead of infer_batch_size rows, padding trimmed per micro-batch. Results are unchanged. deepspeed_train "
+        "and hf_infer.")
+    max_tokens_per_microbatch_in_infer: int | None = opt(
+        None, "Token budget of one log-prob / value micro-batch with dynamic batching; null: infer_batch_size x "
+        "sequence_length.")
+    sequence_length_round_in_infer: int = opt(
+        4, "With dynamic batching, each log-prob / value micro-batch is padded to a multiple of this many tokens.")
 
 
 @dataclass
@@ -217,7 +244,14 @@ class CustomEnvConfig:
         None,
         "Per-turn user prompt; placeholders {observation}, {turn_idx}, {actions_left}, {max_response_length}.",
     )
-    history_window: int | None = opt(None, "Step-wise managers: past turns kept in each row's prompt.")
+    history_window: int | None = opt(
+        None, "Step-wise managers: past turns kept in each row's prompt (ROLL's name: history_length).")
+    agent_runner_cls: str | None = opt(
+        None, "ROLL's agent runner class. Only null is accepted: the env manager (env_manager_cls) runs each episode; "
+        "ROLL's GEM and pull-mode runners are not shipped.")
+    max_env_step_concurrent: int = opt(
+        0, "At most this many reset/step calls of this tag's envs run at once, across all env managers (for envs "
+        "backed by a rate-limited service). 0: no limit.")
     num_demonstrations: int = opt(
         0,
         "Example exchanges the conversation opens with: boards of the env's own kind (fixed seeds, the same in "
@@ -248,6 +282,44 @@ class RewardNormalizationConfig:
 
 
 @dataclass
+class TrainInferISWeight:
+    enabled: bool = opt(False, "Multiply each token's policy loss by the train/infer importance weight "
+                        "exp(old log-prob - infer log-prob) at weight_type granularity.")
+    weight_type: RatioGranularity = opt(
+        "token", "Granularity of the weight: token; segment (exp of the mean log-ratio over each model turn); "
+        "geometric (exp of the row's mean log-ratio); sequence (exp of the row's summed log-ratio).")
+    upper_bound: float | None = opt(1.2, "Weights are clipped to [0, upper_bound]; null: no clipping.")
+    detach: bool = opt(True, "No gradient through the weight.")
+
+
+@dataclass
+class TrainInferFilter:
+    enabled: bool = opt(False, "Apply this filter: tokens outside the bounds leave the loss mask.")
+    agg_type: RatioGranularity = opt("token", "Granularity of the ratio/diff the filter tests (as weight_type).")
+    ratio_enabled: bool = opt(True, "Keep tokens with ratio_low <= exp(old - infer log-prob) <= ratio_high.")
+    ratio_low: float = opt(0.8, "Lower bound of the ratio.")
+    ratio_high: float = opt(1.2, "Upper bound of the ratio.")
+    diff_enabled: bool = opt(False, "Keep tokens with diff_low <= p_old - p_infer <= diff_high (probabilities).")
+    diff_low: float = opt(-0.2, "Lower bound of the probability difference.")
+    diff_high: float = opt(0.2, "Upper bound of the probability difference.")
+
+
+@dataclass
+class TrainInferCorrection:
+    is_weight: TrainInferISWeight = opt(factory=TrainInferISWeight, help="Importance weight between trainer and sampler.")
+    filters: list[TrainInferFilter] = opt(factory=list, help="Filters applied one after another to the loss mask.")
+
+
+@dataclass
+class RolloutMock:
+    enable: bool = opt(False, "Dump or replay rollouts.")
+    mode: Literal["dump", "mock"] = opt(
+        "dump", "dump: write each training step's rollout batch to dump_dir; mock: read it back instead of generating "
+        "(no env runs, no sampling), so training can be re-run on exactly the same data.")
+    dump_dir: str = opt("./rollout_mock_dumps", "Folder of the dumps (one file per step).")
+
+
+@dataclass
 class PipelineConfig:
     # --- basic
     exp_name: str = opt("agentic_pipeline", "Experiment name used in output paths and tracker runs.")
@@ -259,6 +331,10 @@ class PipelineConfig:
     rpc_timeout: int = opt(3600, "Seconds a call to a Ray worker may take before it raises naming the role and method.")
     output_dir: str = opt("./output", "Checkpoints and run outputs.")
     logging_dir: str = opt("./output/logs", "Log files.")
+    rollout_dump_dir: str | None = opt(
+        None, "Write every training and validation rollout (text of each row, rewards, scores, per-token masks and "
+        "sampler log-probs) as JSON Lines under this folder, one file per step and mode.")
+    rollout_mock: RolloutMock | None = opt(None, help="Rollout dump / replay for exact re-runs (see its keys).")
     render_save_dir: str | None = opt(None, "Where rendered trajectories (text, frames) are written; unset: none.")
     system_envs: dict[str, str] = opt(
         factory=dict, help="Environment variables for every worker process (not set on the driver at load)."
@@ -377,6 +453,10 @@ class PipelineConfig:
         "forward would equal the training forward (one optimizer step per rollout, ppo_epochs 1, no reference "
         "KL needing them first), the training forward's own log-probs, detached, are the old log-probs; "
         "otherwise they are recomputed. The metric actor/old_logprobs_recomputed says which happened.")
+    train_infer_correction: TrainInferCorrection = opt(
+        factory=TrainInferCorrection, help="Correction for the gap between the trainer's log-probs (old log-probs) and "
+        "the sampler's (actor_infer): an importance weight on the policy loss and filters on the loss mask. The gap "
+        "metrics (actor/train_infer_*) are logged every step whether or not a correction is on.")
     enable_reference: bool = opt(
         False, "Run the reference role even without a KL term (it runs whenever use_kl_loss or a token-level KL is on)."
     )

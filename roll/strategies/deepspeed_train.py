@@ -40,6 +40,7 @@ from roll.strategies.base import (
     set_lr,
 )
 from roll.strategies.lr_schedule import LRSchedule
+from roll.strategies.micro_batching import dynamic_micro_batches, scatter_rows
 
 log = logging.getLogger(__name__)
 
@@ -139,11 +140,34 @@ class DeepSpeedTrainStrategy(TrainStrategy):
     @torch.no_grad()
     def _batched(self, batch: Batch, field: str) -> torch.Tensor:
         self.engine.eval()
+        c = self.config
+        if c.use_dynamic_batching_in_infer and len(batch):
+            budget = c.max_tokens_per_microbatch_in_infer or c.infer_batch_size * batch["attention_mask"].shape[1]
+            micros, groups = self._dynamic(batch, budget, c.sequence_length_round_in_infer)
+            parts = [getattr(self._forward(m, grad=False), field).detach().cpu() for m in micros]
+            return scatter_rows(parts, groups, len(batch), batch["attention_mask"].shape[1])
         out = []
-        for start in range(0, len(batch), self.config.infer_batch_size):
-            part = batch.select(range(start, min(len(batch), start + self.config.infer_batch_size)))
+        for start in range(0, len(batch), c.infer_batch_size):
+            part = batch.select(range(start, min(len(batch), start + c.infer_batch_size)))
             out.append(getattr(self._forward(part, grad=False), field).detach().cpu())
         return torch.cat(out)
+
+    def _dynamic(self, batch: Batch, budget: int, round_to: int) -> tuple[list[Batch], list[list[int]]]:
+        """Token-budget micro-batches, as many on every data-parallel rank (ZeRO collectives run per forward)."""
+        micros, groups = dynamic_micro_batches(batch, budget, round_to)
+        if self.world_size > 1:
+            count = torch.tensor([len(groups)], device=self.device)
+            torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+            micros, groups = dynamic_micro_batches(batch, budget, round_to, int(count.item()))
+        return micros, groups
+
+    def _train_micro_batches(self, mini_batch: Batch) -> list[Batch]:
+        ta, c = self.config.training_args, self.config
+        if c.use_dynamic_batching_in_train:
+            budget = c.max_tokens_per_microbatch_in_train or ta.per_device_train_batch_size * mini_batch["attention_mask"].shape[1]
+            return self._dynamic(mini_batch, budget, c.sequence_length_round_in_train)[0]
+        micro = ta.per_device_train_batch_size
+        return [mini_batch.select(range(s, min(len(mini_batch), s + micro))) for s in range(0, len(mini_batch), micro)]
 
     def compute_log_probs(self, batch: Batch) -> torch.Tensor:
         if self.is_critic:
@@ -159,7 +183,6 @@ class DeepSpeedTrainStrategy(TrainStrategy):
     def train_step(self, batch: Batch, loss_fn: LossFn, epochs: int = 1) -> dict[str, float]:
         """``epochs`` passes over ``batch`` in mini-batches of per_device x grad_accum rows, one
         optimizer step per mini-batch. Returns the metrics of the whole global batch (see StepStats)."""
-        micro = self.config.training_args.per_device_train_batch_size
         self.engine.train()
         stats = StepStats()
         mask_key = loss_mask_key(batch)
@@ -167,9 +190,9 @@ class DeepSpeedTrainStrategy(TrainStrategy):
         self.schedule.plan(len(minis))
         for mini_batch in minis:
             counts = global_counts(mini_batch[mask_key], self.device, world_size=self.world_size)
-            parts = list(range(0, len(mini_batch), micro))
-            for j, m_start in enumerate(parts):
-                micro_batch = mini_batch.select(range(m_start, min(len(mini_batch), m_start + micro))).to(self.device)
+            parts = self._train_micro_batches(mini_batch)
+            for j, part in enumerate(parts):
+                micro_batch = part.to(self.device)
                 out = self._forward(micro_batch, grad=True)
                 loss, metrics = loss_fn(micro_batch, out, counts)
                 self.engine.set_gradient_accumulation_boundary(j == len(parts) - 1)

@@ -20,6 +20,7 @@ from roll.models.loading import load_causal_lm, load_tokenizer
 from roll.models.logprobs import forward_logprobs
 from roll.strategies.base import Generation, InferenceStrategy, NamedTensors, SamplingParams, StrategyContext
 from roll.strategies.hf_engine import GenerationEngine
+from roll.strategies.micro_batching import dynamic_micro_batches, scatter_rows
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,14 @@ class HFInferStrategy(InferenceStrategy):
     # --- log-probs of given sequences (reference role)
     def compute_log_probs(self, batch: Batch) -> torch.Tensor:
         assert self.model is not None, "initialize() first"
+        c = self.config
+        if getattr(c, "use_dynamic_batching_in_infer", False) and len(batch):
+            width = batch["attention_mask"].shape[1]
+            budget = c.max_tokens_per_microbatch_in_infer or c.infer_batch_size * width
+            micros, groups = dynamic_micro_batches(batch, budget, c.sequence_length_round_in_infer)
+            parts = [forward_logprobs(self.model, m["input_ids"].to(self.device), m["attention_mask"].to(self.device),
+                                      m.tensors.get("position_ids"), micro_batch_size=len(m)).cpu() for m in micros]
+            return scatter_rows(parts, groups, len(batch), width)
         return forward_logprobs(
             self.model,
             batch["input_ids"].to(self.device),

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from roll.algorithms.losses import ActorLossConfig, actor_loss
+from roll.algorithms.train_infer import Correction, train_infer_correction
 from roll.distributed.batch import Batch, tensor_to_numpy
 from roll.distributed.weight_transport import SharedWeightsSender
 from roll.workers.base import RoleWorker
@@ -18,14 +19,25 @@ def make_actor_loss_fn(cfg: ActorLossConfig):
 
     def loss_fn(micro: Batch, out: Any, counts: Any):
         mask = micro["response_mask"].float()
-        positive = micro["scores"] > 0 if cfg.sft_loss_coef and "scores" in micro else None
+        needs_scores = cfg.sft_loss_coef or cfg.pg_variant == "topr"
+        positive = micro["scores"] > 0 if needs_scores and "scores" in micro else None
         entropy = out.entropy() if cfg.entropy_loss_coef else None
-        # Without old log-probs in the batch, this forward is the first on these weights: its own log-probs
-        # are the old ones (the pipeline only leaves them out when that is exact).
-        old = micro["old_logprobs"] if "old_logprobs" in micro else out.logprobs.detach()
-        return actor_loss(out.logprobs, old, micro["advantages"], mask, cfg,
-                          ref_logprob=micro.tensors.get("ref_logprobs"), entropy=entropy, positive_rows=positive,
-                          counts=counts)
+        weight = micro.tensors.get("train_infer_is_weight")
+        extra: dict[str, float] = {}
+        if "old_logprobs" in micro:
+            old = micro["old_logprobs"]  # the pipeline applied any train/infer correction to the batch
+        else:
+            # This forward is the first on these weights: its own log-probs are the old ones (the pipeline
+            # leaves them out only when that is exact), and the train/infer gap is measured here.
+            old = out.logprobs.detach()
+            if "infer_logprobs" in micro:
+                weight, keep, extra = train_infer_correction(cfg.correction or Correction(), mask, old,
+                                                             micro["infer_logprobs"].to(old.device), counts)
+                mask = mask * keep
+        loss, metrics = actor_loss(out.logprobs, old, micro["advantages"], mask, cfg,
+                                   ref_logprob=micro.tensors.get("ref_logprobs"), entropy=entropy, positive_rows=positive,
+                                   counts=counts, weight=weight)
+        return loss, {**metrics, **extra}
 
     return loss_fn
 

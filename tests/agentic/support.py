@@ -102,3 +102,27 @@ class HangingSokoban(SokobanEnv):
             HangingSokoban.hung.add(self._seed)
             time.sleep(self.hang_s)
         return super().step(action)
+
+
+class CountingSokoban(SokobanEnv):
+    """Sokoban whose steps take a while and record how many run at once (across all its instances)."""
+
+    lock = threading.Lock()
+    running = 0
+    peak = 0
+
+    def __init__(self, step_s: float = 0.05, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.step_s = step_s
+
+    def step(self, action: str):
+        cls = CountingSokoban
+        with cls.lock:
+            cls.running += 1
+            cls.peak = max(cls.peak, cls.running)
+        try:
+            time.sleep(self.step_s)
+            return super().step(action)
+        finally:
+            with cls.lock:
+                cls.running -= 1

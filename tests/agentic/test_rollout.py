@@ -14,7 +14,7 @@ from roll.agentic.generation import RequestBatcher, ScriptedPolicy
 from roll.agentic.rollout import RolloutFailure, local_factory, make_rollout
 from roll.configs.loading import load_config
 
-from .support import QWEN_STYLE_TOOLS, HangingSokoban, RaisesCounter, RecordingBackend
+from .support import QWEN_STYLE_TOOLS, CountingSokoban, HangingSokoban, RaisesCounter, RecordingBackend
 
 ANSWERS = ["<answer>Up</answer>", "<answer>Down</answer>", "<answer>Left</answer>", "<answer>Right</answer>", "no idea"]
 
@@ -149,6 +149,41 @@ def test_step_wise_rows_carry_state_hashes(tok):
         assert text.count("<|im_start|>assistant") >= 1 + demos
 
 
+ROLL_STEP_TEMPLATE = ("Task: {env_instruction}\nSteps so far: {step_count}; the last {history_length}: [{history}]\n"
+                      "Now step {current_step}, board: [{current_observation}] ({max_response_length} tokens)")
+
+
+def test_roll_step_template_renders_the_recent_history_in_one_user_message(tok):
+    """ROLL's GiGPO configs: one user message per turn with the last history_length - 1 steps as text."""
+    cfg = config("custom_env.SimpleSokoban.env_manager_cls=roll.pipeline.agentic.env_manager.step_env_manager.StepEnvManager",
+                 "+custom_env.SimpleSokoban.history_length=3", f"custom_env.SimpleSokoban.agent_template='{ROLL_STEP_TEMPLATE}'",
+                 "custom_env.SimpleSokoban.num_demonstrations=0", "custom_env.SimpleSokoban.max_steps=4",
+                 "train_env_manager.group_size=2", "rollout_batch_size=4")
+    r, template = rollout(cfg, tok, ScriptedPolicy(tok, ANSWERS))
+    result = r.collect(4, step=0)
+    b = result.batch
+    long = max(result.trajectories, key=lambda t: len(t.steps))
+    assert len(long.steps) >= 3
+    for rec in long.steps:
+        text = template.decode(rec.row.input_ids)
+        assert text.count("<|im_start|>user") == 1 and text.count("<|im_start|>assistant") == 1
+        shown = min(rec.step_idx, 2)  # history_length 3 counts the current step: at most 2 past ones
+        assert f"Steps so far: {rec.step_idx}; the last {shown}:" in text and f"Now step {rec.step_idx + 1}," in text
+        assert text.count("(step: ") == shown and f"board: [{rec.observation}]" in text
+        if rec.step_idx >= 1:
+            prev = long.steps[rec.step_idx - 1]
+            assert f"(step: {rec.step_idx}, observation: {prev.observation}, action: {prev.action}" in text
+            assert f"reward: {prev.reward})" in text
+    assert len(b) == sum(len(t.steps) for t in result.trajectories)
+
+
+def test_step_history_placeholders_need_the_step_wise_manager():
+    from roll.configs.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="step-wise manager only"):
+        config(f"custom_env.SimpleSokoban.agent_template='{ROLL_STEP_TEMPLATE}'")
+
+
 @pytest.mark.parametrize("template_kind", ["smollm2_style_tiny", "qwen_style"])
 def test_tool_env_full_episode_through_tool_messages(tok, template_kind):
     if template_kind == "qwen_style":
@@ -208,6 +243,24 @@ def test_when_no_episode_survives_the_step_stops_with_one_line_naming_the_env(to
         r.collect(8, step=0)
     message = str(info.value)
     assert "\n" not in message and "0 of 8 episodes survived" in message and "Flaky (env" in message
+
+
+@pytest.mark.parametrize("limit, per_host", [(0, 0), (2, 0), (3, 4)])
+def test_max_env_step_concurrent_bounds_env_calls_across_managers(tok, limit, per_host):
+    """8 envs of one tag step in parallel; with max_env_step_concurrent the calls in flight never exceed it,
+    also when the envs are split over two managers (4 envs each: a share of the limit each)."""
+    cfg = config("+custom_envs.Slow.env_type=counting_sokoban", "+custom_envs.Slow.entry_point=tests.agentic.support:CountingSokoban",
+                 "+custom_envs.Slow.max_steps=3", f"+custom_envs.Slow.max_env_step_concurrent={limit}",
+                 "train_env_manager.tags=[Slow]", f"train_env_manager.max_env_num_per_worker={per_host}")
+    CountingSokoban.peak = 0
+    r, _ = rollout(cfg, tok, ScriptedPolicy(tok, ANSWERS))
+    assert len(r.managers) == (2 if per_host else 1)
+    result = r.collect(8, step=0)
+    assert len(result.trajectories) == 8
+    if limit:
+        assert 1 <= CountingSokoban.peak <= limit
+    else:
+        assert CountingSokoban.peak > 3  # without a limit the envs do overlap
 
 
 def test_a_share_of_healthy_episodes_can_be_required(tok):

@@ -105,7 +105,8 @@ def test_every_key_is_read_somewhere_or_marked_without_effect():
     sources += "\n".join(p.read_text() for p in (REPO / "envs").rglob("*.py"))
     classes = [schema.PipelineConfig, schema.WorkerConfig, schema.ModelArgs, schema.TrainingArgs, schema.DataArgs,
                schema.GeneratingArgs, schema.StrategyArgs, schema.EnvManagerConfig, schema.CustomEnvConfig,
-               schema.RewardNormalizationConfig]
+               schema.RewardNormalizationConfig, schema.TrainInferISWeight, schema.TrainInferFilter,
+               schema.TrainInferCorrection, schema.RolloutMock]
     unread = [f"{cls.__name__}.{f.name}" for cls in classes for f in dataclasses.fields(cls)
               if "inert" not in f.metadata and not re.search(rf"(\.{f.name}\b|[\"']{f.name}[\"'])", sources)]
     assert unread == []

@@ -75,6 +75,9 @@ class StepRecord:
     reward: float
     state_hash: str
     step_idx: int
+    observation: str = ""  # the observation the action was taken in
+    action: str = ""  # the model's reply
+    valid: bool = True  # the env's action_is_valid for it (when it reports one)
 
 
 @dataclass
@@ -129,6 +132,9 @@ class TrajEnvManager:
         self.keep_frames = keep_frames
         self.deterministic = deterministic
         self._envs: dict[int, Any] = {}
+        # max_env_step_concurrent: env calls of a tag in flight at once (this manager's share of the limit)
+        self._step_limits = {slot.tag: threading.BoundedSemaphore(int(slot.entry["max_env_step_concurrent"]))
+                             for slot in slots if int(slot.entry.get("max_env_step_concurrent") or 0) > 0}
         self._demonstrations: dict[str, list[tuple[str, str]]] = {}
 
     # --- hooks a custom env manager may override
@@ -251,6 +257,7 @@ class TrajEnvManager:
             rewards.append(float(reward))
             if steps:
                 steps[-1].reward = float(reward)
+                steps[-1].valid = bool((step_info.get("metrics") or {}).get("action_is_valid", True))
             if frames:
                 frames.append(env.render_rgb())
             if terminated or truncated:
@@ -275,8 +282,17 @@ class TrajEnvManager:
         """``fn(*args, **kwargs)`` bounded by env_step_timeout. A call that does not return in time is left
         behind in its (daemon) thread, its env is dropped by the caller, and EnvTimeout names it."""
         timeout = self.limits.env_step_timeout
+        limiter = self._step_limits.get(slot.tag)
+        if limiter is not None:
+            if not limiter.acquire(timeout=timeout or None):
+                raise EnvTimeout(f"no free env call slot of {slot.tag} within env_step_timeout={timeout:g} s "
+                                 f"(max_env_step_concurrent; turn {turn})")
         if not timeout:
-            return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if limiter is not None:
+                    limiter.release()
         box: dict[str, Any] = {}
         done = threading.Event()
 
@@ -286,6 +302,8 @@ class TrajEnvManager:
             except BaseException as e:  # noqa: BLE001 - re-raised in the episode's thread
                 box["error"] = e
             finally:
+                if limiter is not None:
+                    limiter.release()  # when the call really ends: a hung call keeps its slot
                 done.set()
 
         threading.Thread(target=target, daemon=True, name=f"env-{slot.env_id}-{what}").start()
