@@ -85,6 +85,11 @@ def old_logprobs_need_recompute(cfg: PipelineConfig, rows: int, has_reference: b
     return per_rank > ta.per_device_train_batch_size * ta.gradient_accumulation_steps
 
 
+def episode_length(cfg: PipelineConfig, mode: str) -> int:
+    """Max tokens of one episode: sequence_length, or val_sequence_length for validation when set."""
+    return int(cfg.val_sequence_length or cfg.sequence_length) if mode == "val" else int(cfg.sequence_length)
+
+
 def correction_of(cfg: PipelineConfig) -> Correction:
     """The enabled parts of ``train_infer_correction``."""
     c = cfg.train_infer_correction
@@ -183,19 +188,21 @@ class AgenticPipeline:
         def take_stats() -> dict[str, float]:
             return ray.get(self.server.take_stats.remote())
 
-        def factory_for(em: Any):
+        def factory_for(em: Any, sequence_length: int):
             host = load_entry_point(roll_class(em.worker_cls)) if em.worker_cls else EnvManagerHost
 
             def make(params: Any, keep_frames: bool):
-                return ray_factory(host, tokenizer_path, params, cfg.sequence_length, keep_frames, self.server,
+                return ray_factory(host, tokenizer_path, params, sequence_length, keep_frames, self.server,
                                    {**cfg.system_envs, **em.system_envs}, cfg.deterministic, EpisodeLimits.of(em),
                                    cfg.rpc_timeout)
 
             return make
 
-        self.train_rollout = make_rollout(cfg, "train", self.template, factory_for(cfg.train_env_manager), take_stats)
+        train_factory = factory_for(cfg.train_env_manager, episode_length(cfg, "train"))
+        self.train_rollout = make_rollout(cfg, "train", self.template, train_factory, take_stats)
         validation = cfg.eval_steps > 0 and cfg.val_batch_size > 0 and "actor_train" in self.roles
-        self.val_rollout = (make_rollout(cfg, "val", self.template, factory_for(cfg.val_env_manager), take_stats, render=False)
+        val_factory = factory_for(cfg.val_env_manager, episode_length(cfg, "val"))
+        self.val_rollout = (make_rollout(cfg, "val", self.template, val_factory, take_stats, render=False)
                             if validation else None)
 
     def _resume(self) -> None:

@@ -48,6 +48,8 @@ def finalize(cfg: schema.PipelineConfig, rollout_only: bool = False) -> schema.P
             raise ConfigError("actor_train", "no actor_train section: this config trains nothing; to play its envs and "
                               "dump the rollouts only, run examples/start_agentic_rollout_pipeline.py")
     cfg.sequence_length = _sequence_length(cfg)
+    if cfg.val_sequence_length is not None and cfg.val_sequence_length < 2:
+        raise ConfigError("val_sequence_length", f"must be >= 2 (prompt and reply), got {cfg.val_sequence_length}")
     for role in ROLLOUT_ROLES if rollout_only else schema.ROLES:
         worker = getattr(cfg, role)
         if worker is not None:

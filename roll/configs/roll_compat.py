@@ -27,9 +27,8 @@ NO_EFFECT: dict[str, dict[str, str]] = {
         "is_offload_optimizer_states_in_train_step": "optimizer offload comes from the DeepSpeed config",
         "model_update_buffer_size_mb": "weight sync uses its own bucket size",
         "model_download_type": "models load from local folders, GGUF files or the HF hub",
-        "user_defined_rollout_loop_cls": "use env_manager_cls / worker_cls",
-        "val_prompt_length": "validation uses prompt_length",
-        "val_sequence_length": "validation uses sequence_length",
+        "user_defined_rollout_loop_cls": "ROLL reads it in its RLVR sampling scheduler only, not in agentic runs; "
+        "agentic rollouts are customised with env_manager_cls / worker_cls",
         "offload_backend": "offload uses the strategy's own mechanism",
     },
     "worker": {
@@ -40,7 +39,6 @@ NO_EFFECT: dict[str, dict[str, str]] = {
         "use_sequence_packing": "sequence packing is not implemented",
         "sequence_packing_args": "sequence packing is not implemented",
         "logits_in_fp32": "log-probs are always computed in fp32",
-        "apply_loss_scale": "losses are always normalised by global token/sequence counts",
     },
     "model_args": {
         "ulysses_size": "Ulysses sequence parallel is not implemented",
@@ -92,6 +90,11 @@ REFUSED: dict[str, dict[str, Refusal]] = {
             "it makes ROLL reuse the training forward's log-probs as old log-probs even where they differ (several "
             "optimizer steps per rollout); here they are reused only where that is exact (enable_old_logprobs_recompute)",
             _off(False, None)),
+    },
+    "worker": {
+        "apply_loss_scale": Refusal(
+            "losses here are always normalised by the global batch's token/sequence counts, which is what true "
+            "(ROLL's default) means; false would change the gradient scale", _off(True, None)),
     },
     "model_args": {
         "lora_target": Refusal(_LORA, _off(None, "")),

@@ -364,6 +364,11 @@ class PipelineConfig:
         None, "Max response tokens. Agentic runs use it only to derive sequence_length (= prompt_length + this) when "
         "that is unset.")
     sequence_length: int | None = opt(None, "Max tokens of a whole episode (prompt + all turns).")
+    val_sequence_length: int | None = opt(
+        None, "Max tokens of a validation episode (prompt + all turns); null: sequence_length.")
+    val_prompt_length: int | None = opt(
+        None, "ROLL's prompt cap for validation.", inert="agentic validation episodes are bounded by val_sequence_length "
+        "(or sequence_length) only")
     num_return_sequences_in_group: int = opt(
         1, "Samples per prompt; the global training batch is rollout_batch_size x this."
     )
