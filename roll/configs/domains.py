@@ -97,6 +97,10 @@ def _check_generating(path: str, g: schema.GeneratingArgs) -> None:
     _finite(f"{path}.repetition_penalty", g.repetition_penalty, low=0.0, strict=True)
     if g.top_k < -1:
         raise ConfigError(f"{path}.top_k", f"must be -1 (off), 0 (off) or a positive count, got {g.top_k}")
+    if g.include_stop_str_in_output is False:
+        raise ConfigError(f"{path}.include_stop_str_in_output", "false is not supported: the env reads every sampled "
+                          "token, a stop string included, and the training row holds exactly what was sampled; "
+                          "set true or remove the key")
 
 
 def _check_env_entry(path: str, entry: schema.CustomEnvConfig) -> None:

@@ -57,8 +57,25 @@ def _check_model(path: str, name: str | None) -> None:
     except FileNotFoundError as e:
         raise ConfigError(path, str(e)) from None
     local = str(name).startswith(("/", "./", "../", "~")) or Path(folder).expanduser().exists()
-    if local and gguf is None and not (Path(folder).expanduser() / "config.json").is_file():
+    config = Path(folder).expanduser() / "config.json"
+    if local and gguf is None and not config.is_file():
         raise ConfigError(path, f"{name!r} is not a model folder (no config.json there)")
+    if _vision_language(str(name), config if local and config.is_file() else None):
+        raise ConfigError(path, f"{name!r} is a vision-language model; those are not shipped (text envs with causal "
+                          "language models only)")
+
+
+def _vision_language(name: str, config: Path | None) -> bool:
+    """A model with a vision tower: from its config.json when it is here, else from a hub id's -VL- name."""
+    if config is not None:
+        import json
+
+        try:
+            data = json.loads(config.read_text())
+        except (OSError, ValueError):
+            return False
+        return "vision_config" in data
+    return "-vl-" in f"-{name.rsplit('/', 1)[-1].lower()}-"
 
 
 def _check_class_path(path: str, value: str | None) -> None:

@@ -124,6 +124,9 @@ class GeneratingArgs:
     repetition_penalty: float = opt(1.0, "Repetition penalty (1.0 = off).")
     do_sample: bool = opt(True, "Sample (true) or decode greedily (false).")
     stop_strings: list[str] | None = opt(None, "Extra strings that end a generation.")
+    include_stop_str_in_output: bool | None = opt(
+        None, "Whether the reply the env reads keeps the stop string that ended it. Here it always does (every "
+        "sampled token is in the reply and in the training row), so only true or null is accepted.")
 
 
 @dataclass

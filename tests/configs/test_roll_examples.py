@@ -148,3 +148,23 @@ def test_the_rollout_only_example_loads_for_the_rollout_pipeline(roll_examples, 
     assert status == 0, err
     cfg = yaml.safe_load(out)
     assert cfg["actor_infer"]["strategy_args"]["strategy_name"] == "vllm" and cfg["rollout_batch_size"] == 64
+
+
+def test_vision_language_models_are_refused_by_the_dry_run(tmp_path, capsys):
+    import json
+
+    folder = tmp_path / "vl"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl", "vision_config": {"depth": 2}}))
+    for model in (str(folder), "Qwen/Qwen2.5-VL-3B-Instruct"):
+        status = main(["--config_name", "agentic_sokoban", "--dry_run", f"pretrain={model}"])
+        err = capsys.readouterr().err
+        assert status == 2 and "vision-language model" in err and "model_name_or_path" in err, err
+
+
+def test_include_stop_str_false_is_refused(capsys):
+    status = main(["--config_name", "agentic_sokoban", "--dry_run",
+                   "+actor_infer.generating_args.include_stop_str_in_output=false"])
+    assert status == 2 and "include_stop_str_in_output" in capsys.readouterr().err
+    assert main(["--config_name", "agentic_sokoban", "--dry_run",
+                 "+actor_infer.generating_args.include_stop_str_in_output=true"]) == 0
