@@ -118,19 +118,22 @@ class TokenRow:
     response_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     turn_spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each model turn
+    versions: list[int] = field(default_factory=list)  # per token: the policy version that sampled it, -1 for context
 
     def add_context(self, ids: list[int]) -> None:
         self.input_ids += ids
         self.response_mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
+        self.versions += [-1] * len(ids)
 
-    def add_response(self, ids: list[int], logprobs: list[float]) -> None:
+    def add_response(self, ids: list[int], logprobs: list[float], version: int = 0) -> None:
         if len(ids) != len(logprobs):
             raise ValueError(f"{len(ids)} tokens but {len(logprobs)} log-probs")
         start = len(self.input_ids)
         self.input_ids += ids
         self.response_mask += [1] * len(ids)
         self.logprobs += list(logprobs)
+        self.versions += [version] * len(ids)
         self.turn_spans.append((start, len(self.input_ids)))
 
     def __len__(self) -> int:

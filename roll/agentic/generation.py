@@ -12,6 +12,7 @@ strategy, or a scripted policy (no model) for env debugging.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -47,6 +48,10 @@ class RequestBatcher:
         self._queues: list[list[_Request]] = [[] for _ in range(num_ranks)]
         self._cond = threading.Condition()
         self._closed = False
+        # weight syncs happen between batches: pause() stops new batches and waits for the running ones
+        self.version = 0  # the policy version every result is stamped with
+        self._paused = False
+        self._inflight = 0
         self.stats = {"generate_calls": 0, "requests": 0, "tokens": 0, "generate_s": 0.0}
         self._threads = [threading.Thread(target=self._serve, args=(r,), daemon=True, name=f"batcher-{r}") for r in range(num_ranks)]
         for t in self._threads:
@@ -70,24 +75,45 @@ class RequestBatcher:
         queue = self._queues[rank]
         while True:
             with self._cond:
-                while not self._closed and not queue:
+                while not self._closed and (not queue or self._paused):
                     self._cond.wait()
                 if self._closed:
                     return
                 deadline = queue[0].arrived + self.max_wait_s
                 while not self._closed and len(queue) < self.max_batch_size and time.monotonic() < deadline:
                     self._cond.wait(timeout=max(0.0, deadline - time.monotonic()))
+                if self._paused:  # a weight sync began while the batch was filling: wait for it
+                    continue
                 batch, queue[:] = queue[: self.max_batch_size], queue[self.max_batch_size:]
+                self._inflight += 1
+                version = self.version
             self._slots[rank].acquire()
-            threading.Thread(target=self._run, args=(rank, batch), daemon=True, name=f"batch-{rank}").start()
+            threading.Thread(target=self._run, args=(rank, batch, version), daemon=True, name=f"batch-{rank}").start()
 
-    def _run(self, rank: int, batch: list[_Request]) -> None:
+    def _run(self, rank: int, batch: list[_Request], version: int) -> None:
         try:
-            self._run_batch(rank, batch)
+            self._run_batch(rank, batch, version)
         finally:
             self._slots[rank].release()
+            with self._cond:
+                self._inflight -= 1
+                self._cond.notify_all()
 
-    def _run_batch(self, rank: int, batch: list[_Request]) -> None:
+    def pause(self) -> None:
+        """Stop starting batches and wait until the running ones have returned (before a weight sync)."""
+        with self._cond:
+            self._paused = True
+            while self._inflight:
+                self._cond.wait()
+
+    def resume(self, version: int) -> None:
+        """Start batches again; their results are stamped with ``version`` (the weights just synced)."""
+        with self._cond:
+            self.version = version
+            self._paused = False
+            self._cond.notify_all()
+
+    def _run_batch(self, rank: int, batch: list[_Request], version: int) -> None:
         by_params: dict[SamplingParams, list[_Request]] = {}
         for req in batch:
             by_params.setdefault(req.params, []).append(req)
@@ -106,7 +132,7 @@ class RequestBatcher:
                 self.stats["requests"] += len(reqs)
                 self.stats["tokens"] += sum(len(g.token_ids) for g in results)
             for r, g in zip(reqs, results):
-                r.result = g
+                r.result = dataclasses.replace(g, version=version)
                 r.done.set()
 
     def take_stats(self) -> dict[str, float]:
@@ -163,3 +189,9 @@ class GenerationServer:
 
     def take_stats(self) -> dict[str, float]:
         return self.batcher.take_stats()
+
+    def pause(self) -> None:
+        self.batcher.pause()
+
+    def resume(self, version: int) -> None:
+        self.batcher.resume(version)

@@ -1,10 +1,12 @@
 """AgenticPipeline: the training loop.
 
     for step in range(start_step, max_steps):
-        sync weights actor_train -> actor_infer            (every model_update_frequency steps)
-        batch = train_rollout.collect(train batch size)     env managers x actor_infer, multi-turn
+        sync weights actor_train -> actor_infer            (every model_update_frequency steps; between turns)
+        every eval_steps: start val_rollout.collect         runs alongside the training rollout
+        batch = train rollout of this step                  env managers x actor_infer, multi-turn; with
+                                                            async_generation_ratio k it was played ahead,
+                                                            on weights at most k versions old
         batch = adjust(batch)                               whole optimizer steps (batch_adjust_mode)
-        every eval_steps: val metrics = val_rollout.collect(val_batch_size)
         batch |= reference log-probs                        only when a KL term is on
         batch |= actor_train old log-probs
         batch |= critic values                              only for gae
@@ -23,11 +25,13 @@ import math
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from roll.agentic.advantage import compute_batch_advantages
+from roll.agentic.async_rollouts import RolloutsAhead, RolloutsNow, bound_staleness
 from roll.agentic.batch_adjust import adjust_batch
 from roll.agentic.conversation import ChatTemplate
 from roll.agentic.env_managers.base import EpisodeLimits
@@ -39,6 +43,7 @@ from roll.algorithms.losses import ActorLossConfig
 from roll.algorithms.reward_norm import RunningMeanStd
 from roll.algorithms.train_infer import Correction, FilterRule, train_infer_correction
 from roll.configs.derive import (
+    async_ratio,
     data_parallel_size,
     dual_clip_constant,
     effective_pg_variant,
@@ -71,6 +76,25 @@ def preflight(cfg: PipelineConfig, roles: list[str], rollout_only: bool = False)
     for role in roles:
         check_backend(getattr(cfg, role).strategy_args.strategy_name, f"{role}.strategy_args.strategy_name")
     check_inputs(cfg, rollout_only)
+    if async_ratio(cfg) and not rollout_only:
+        _check_async_placement(cfg)
+
+
+def _check_async_placement(cfg: PipelineConfig) -> None:
+    """Rollouts ahead of training need actor_infer awake while the trainer works: on GPUs that means devices
+    of its own (colocated roles take turns on a device)."""
+    import torch
+
+    from roll.configs.errors import ConfigError
+
+    shared = set(cfg.actor_infer.device_mapping) & set(cfg.actor_train.device_mapping)
+    if torch.cuda.is_available() and shared:
+        raise ConfigError("async_generation_ratio", f"needs actor_infer on devices of its own; it shares {sorted(shared)} "
+                          "with actor_train, and colocated roles take turns on a GPU")
+    if not correction_of(cfg).active:
+        log.warning("async_generation_ratio=%s without train_infer_correction: rows sampled by older weights enter "
+                    "the loss without an importance weight (PPO's ratio is taken to the trainer's old log-probs)",
+                    cfg.async_generation_ratio)
 
 
 def old_logprobs_need_recompute(cfg: PipelineConfig, rows: int, has_reference: bool) -> bool:
@@ -115,6 +139,7 @@ class AgenticPipeline:
         self.roles = pipeline_roles(cfg)
         preflight(cfg, self.roles)
         self.cfg = cfg
+        self._init_run_state()
         self.clusters: dict[str, Any] = {}
         self._start_workers()
         self._start_rollouts()
@@ -129,6 +154,11 @@ class AgenticPipeline:
         self._resume()
 
     # --- set-up (one call each)
+    def _init_run_state(self) -> None:
+        self.origin = time.perf_counter()  # phase timestamps in the metrics count from here
+        self.version = -1  # the policy version on the inference side: the step of the last weight sync
+        self._side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="validation")  # validation beside rollouts
+
     def _start_workers(self) -> None:
         import torch
 
@@ -228,67 +258,85 @@ class AgenticPipeline:
         last: dict[str, float] = {}
         steps = range(self.start_step, cfg.max_steps)
         bar = _progress(len(steps), self.start_step)
-        for step in steps:
-            metrics: dict[str, float] = {}
-            timer = _Timer(metrics, bar)
-            step_start = time.perf_counter()
-            if step == self.start_step or step % cfg.actor_train.model_update_frequency == 0:
-                with timer("weight_sync"):
-                    self.devices_to("actor_train")  # actor_infer wakes its weights itself to receive them
-                    metrics.update(self.sync_weights())
-            with timer("rollout"):
-                self.devices_to("actor_infer")
-                rollout = self.collect("train", train_batch_size(cfg), step)
-            batch = rollout.batch
-            metrics.update(rollout.metrics)
-            # whole optimizer steps for every training role (batch_adjust_mode); added/removed rows are counted
-            batch, adjust_metrics = adjust_batch(batch, cfg.batch_adjust_mode, self.rows_per_step,
-                                                 np.random.default_rng([cfg.seed, step]))
-            metrics.update(adjust_metrics)
-            if self.val_rollout is not None and step % cfg.eval_steps == 0:
-                with timer("eval"):
-                    metrics.update(self.collect("val", cfg.val_batch_size, step).metrics)
-            if "reference" in self.clusters:
-                with timer("reference"):
-                    self.devices_to("reference")
-                    batch = batch | self.clusters["reference"].dispatch("compute_log_probs", batch)
-            recompute = old_logprobs_need_recompute(cfg, len(batch), "reference" in self.clusters)
-            metrics["actor/old_logprobs_recomputed"] = float(recompute)
-            if recompute:
-                with timer("old_log_probs"):
-                    self.devices_to("actor_train")
-                    batch = batch | self.clusters["actor_train"].dispatch("compute_log_probs", batch)
-            if "critic" in self.clusters:
-                with timer("values"):
-                    self.devices_to("critic")
-                    batch = batch | self.clusters["critic"].dispatch("compute_values", batch)
-            with timer("advantages"):
-                batch, adv_metrics, self.running = compute_batch_advantages(batch, cfg, self.kl_ctl.value, self.running)
-                metrics.update(adv_metrics)
-                self.kl_ctl = self.kl_ctl.update(adv_metrics.get("actor/kl_to_reference", 0.0), len(batch))
-                self._warn_singleton_groups(adv_metrics)
-            if recompute and "infer_logprobs" in batch:
-                # With old log-probs of their own, the gap to the sampler's is measured (and corrected) on the
-                # whole batch here; otherwise the actor's loss does it on its first forward.
-                batch, gap_metrics = apply_train_infer_correction(batch, correction_of(cfg))
-                metrics.update(gap_metrics)
-            if "critic" in self.clusters:
-                with timer("critic_train"):
-                    metrics.update(self.clusters["critic"].dispatch(
-                        "train_step", batch, cfg.value_clip, cfg.loss_agg_mode, cfg.ppo_epochs, cfg.sequence_length)[0])
-            if step >= cfg.critic_warmup:
-                with timer("actor_train"):
-                    self.devices_to("actor_train")
-                    # every replica reports the metrics of the whole global batch (reduced over ranks)
-                    metrics.update(self.clusters["actor_train"].dispatch("train_step", batch, self.loss_config(), cfg.ppo_epochs)[0])
-            if cfg.save_steps and ((step + 1) % cfg.save_steps == 0 or step + 1 == cfg.max_steps):
-                with timer("checkpoint"):
-                    self.save(step)
-            metrics.update(self._throughput(batch, metrics, time.perf_counter() - step_start))
-            last = self._end_step(step, metrics, rollout.trajectories, bar)
+        ratio = async_ratio(cfg)
+        rollouts = (RolloutsAhead(self._collect_train, self.start_step, cfg.max_steps, ratio) if ratio
+                    else RolloutsNow(self._collect_train))
+        try:
+            for step in steps:
+                last = self.step(step, rollouts, ratio, bar)
+        finally:
+            rollouts.stop()
         bar.close()
         self.tracker.close()
         return last
+
+    def step(self, step: int, rollouts: RolloutsNow | RolloutsAhead, ratio: int, bar: Any) -> dict[str, float]:
+        """One training step; returns its metrics."""
+        cfg = self.cfg
+        metrics: dict[str, float] = {}
+        timer = _Timer(metrics, bar, self.origin)
+        step_start = time.perf_counter()
+        if step == self.start_step or step % cfg.actor_train.model_update_frequency == 0:
+            with timer("weight_sync"):
+                self.devices_to("actor_train")  # actor_infer wakes its weights itself to receive them
+                metrics.update(self.sync_weights(version=step))
+        rollouts.trainer_at(step)  # async: the batches of steps up to step + ratio may now be collected
+        validation = None
+        if self.val_rollout is not None and step % cfg.eval_steps == 0:  # alongside the training rollout
+            validation = self._side.submit(self.collect, "val", cfg.val_batch_size, step)
+        with timer("rollout"):
+            self.devices_to("actor_infer")
+            rollout = rollouts.take(step)  # sync: played now; async: played ahead, at most `ratio` versions old
+        batch = rollout.batch
+        metrics.update(rollout.metrics)
+        if ratio:  # groups with a token sampled more than `ratio` versions ago are dropped (and counted)
+            batch, stale_metrics = bound_staleness(batch, self.version, ratio)
+            metrics.update(stale_metrics)
+        # whole optimizer steps for every training role (batch_adjust_mode); added/removed rows are counted
+        batch, adjust_metrics = adjust_batch(batch, cfg.batch_adjust_mode, self.rows_per_step,
+                                             np.random.default_rng([cfg.seed, step]))
+        metrics.update(adjust_metrics)
+        if validation is not None:
+            with timer("eval"):  # only the part the training rollout did not cover
+                metrics.update(validation.result().metrics)
+        if "reference" in self.clusters:
+            with timer("reference"):
+                self.devices_to("reference")
+                batch = batch | self.clusters["reference"].dispatch("compute_log_probs", batch)
+        recompute = old_logprobs_need_recompute(cfg, len(batch), "reference" in self.clusters)
+        metrics["actor/old_logprobs_recomputed"] = float(recompute)
+        if recompute:
+            with timer("old_log_probs"):
+                self.devices_to("actor_train")
+                batch = batch | self.clusters["actor_train"].dispatch("compute_log_probs", batch)
+        if "critic" in self.clusters:
+            with timer("values"):
+                self.devices_to("critic")
+                batch = batch | self.clusters["critic"].dispatch("compute_values", batch)
+        with timer("advantages"):
+            batch, adv_metrics, self.running = compute_batch_advantages(batch, cfg, self.kl_ctl.value, self.running)
+            metrics.update(adv_metrics)
+            self.kl_ctl = self.kl_ctl.update(adv_metrics.get("actor/kl_to_reference", 0.0), len(batch))
+            self._warn_singleton_groups(adv_metrics)
+        if recompute and "infer_logprobs" in batch:
+            # With old log-probs of their own, the gap to the sampler's is measured (and corrected) on the
+            # whole batch here; otherwise the actor's loss does it on its first forward.
+            batch, gap_metrics = apply_train_infer_correction(batch, correction_of(cfg))
+            metrics.update(gap_metrics)
+        if "critic" in self.clusters:
+            with timer("critic_train"):
+                metrics.update(self.clusters["critic"].dispatch(
+                    "train_step", batch, cfg.value_clip, cfg.loss_agg_mode, cfg.ppo_epochs, cfg.sequence_length)[0])
+        if step >= cfg.critic_warmup:
+            with timer("actor_train"):
+                self.devices_to("actor_train")
+                # every replica reports the metrics of the whole global batch (reduced over ranks)
+                metrics.update(self.clusters["actor_train"].dispatch("train_step", batch, self.loss_config(), cfg.ppo_epochs)[0])
+        if cfg.save_steps and ((step + 1) % cfg.save_steps == 0 or step + 1 == cfg.max_steps):
+            with timer("checkpoint"):
+                self.save(step)
+        metrics.update(self._throughput(batch, metrics, time.perf_counter() - step_start))
+        return self._end_step(step, metrics, rollout.trajectories, bar)
 
     def _end_step(self, step: int, metrics: dict[str, float], trajectories: list[Any], bar: Any) -> dict[str, float]:
         """Log the step (every logging_steps, and the last one) and move the progress bar."""
@@ -307,7 +355,10 @@ class AgenticPipeline:
         if mock is not None and mock.mode == "mock":
             batch, metrics = load_rollout(mock.dump_dir, mode, step)
             return RolloutResult(batch, {**metrics, f"{mode}/replayed": 1.0}, [])
+        began = time.perf_counter() - self.origin
         result = (self.train_rollout if mode == "train" else self.val_rollout).collect(n, step)
+        result.metrics[f"time/{mode}_began_s"] = began  # when it ran (overlap with training is visible)
+        result.metrics[f"time/{mode}_ended_s"] = time.perf_counter() - self.origin
         if mock is not None:
             save_rollout(mock.dump_dir, mode, step, result.batch, result.metrics)
         if cfg.rollout_dump_dir:
@@ -336,9 +387,21 @@ class AgenticPipeline:
             self.clusters[role].call("reload")
             self.resident.add(role)
 
-    def sync_weights(self) -> dict[str, float]:
-        stats = self.clusters["actor_train"].call("sync_weights", self.clusters["actor_infer"].workers)
-        return stats[0]
+    def sync_weights(self, version: int) -> dict[str, float]:
+        """actor_train's weights to actor_infer, between generation batches: generation pauses (the batches
+        running finish first), the weights move, and generation resumes stamped with ``version``."""
+        import ray
+
+        ray.get(self.server.pause.remote())
+        try:
+            stats = self.clusters["actor_train"].call("sync_weights", self.clusters["actor_infer"].workers)
+        finally:
+            ray.get(self.server.resume.remote(version))
+        self.version = version
+        return {**stats[0], "async/version": float(version)}
+
+    def _collect_train(self, step: int) -> RolloutResult:
+        return self.collect("train", train_batch_size(self.cfg), step)
 
     def loss_config(self) -> ActorLossConfig:
         cfg = self.cfg
@@ -367,7 +430,7 @@ class AgenticPipeline:
                 if role in self.clusters:
                     self.clusters[role].call("save_checkpoint", str(folder / role))
 
-        state = {"seed": self.cfg.seed, "kl_coef": self.kl_ctl.value,
+        state = {"seed": self.cfg.seed, "kl_coef": self.kl_ctl.value, "version": self.version,
                  "running": self.running.__dict__ if self.running else None}
         path = save_checkpoint(self.cfg.output_dir, step, parts, state, keep=self.cfg.max_ckpt_to_keep)
         log.info("checkpoint written: %s", path)
@@ -383,6 +446,7 @@ class AgenticPipeline:
     def shutdown(self) -> None:
         import ray
 
+        self._side.shutdown(wait=False, cancel_futures=True)
         for c in self.clusters.values():
             c.shutdown()
         with contextlib.suppress(Exception):
@@ -391,10 +455,11 @@ class AgenticPipeline:
 
 
 class _Timer:
-    """``with timer("phase"):`` records time/<phase> and shows the phase on the progress bar."""
+    """``with timer("phase"):`` records time/<phase> (and when it began and ended, counted from ``origin``)
+    and shows the phase on the progress bar."""
 
-    def __init__(self, metrics: dict[str, float], bar: Any) -> None:
-        self.metrics, self.bar = metrics, bar
+    def __init__(self, metrics: dict[str, float], bar: Any, origin: float = 0.0) -> None:
+        self.metrics, self.bar, self.origin = metrics, bar, origin
 
     @contextlib.contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
@@ -402,7 +467,11 @@ class _Timer:
         log.info("phase: %s", phase)
         start = time.perf_counter()
         yield
-        self.metrics[f"time/{phase}"] = self.metrics.get(f"time/{phase}", 0.0) + time.perf_counter() - start
+        end = time.perf_counter()
+        self.metrics[f"time/{phase}"] = self.metrics.get(f"time/{phase}", 0.0) + end - start
+        if self.origin:
+            self.metrics.setdefault(f"time/{phase}_began_s", start - self.origin)
+            self.metrics[f"time/{phase}_ended_s"] = end - self.origin
 
 
 def _progress(total: int, start: int) -> Any:

@@ -330,15 +330,18 @@ def _pad_rows(rows: list[Any], pad_id: int) -> Batch:
     attention = torch.zeros((n, width), dtype=torch.long)
     response = torch.zeros((n, width), dtype=torch.long)
     logprobs = torch.zeros((n, width), dtype=torch.float32)
+    versions = torch.full((n, width), -1, dtype=torch.long)
     for i, r in enumerate(rows):
         L = len(r)
         ids[i, :L] = torch.tensor(r.input_ids, dtype=torch.long)
         attention[i, :L] = 1
         response[i, :L] = torch.tensor(r.response_mask, dtype=torch.long)
         logprobs[i, :L] = torch.tensor(r.logprobs, dtype=torch.float32)
+        versions[i, :L] = torch.tensor(r.versions, dtype=torch.long)
     position = (attention.cumsum(-1) - 1).clamp(min=0)
+    # policy_version: per token, the weight version that sampled it (-1 off the model's tokens)
     return Batch({"input_ids": ids, "attention_mask": attention, "position_ids": position,
-                  "response_mask": response, "infer_logprobs": logprobs})
+                  "response_mask": response, "infer_logprobs": logprobs, "policy_version": versions})
 
 
 def local_factory(template: ChatTemplate, generate: Callable, params: SamplingParams, sequence_length: int,

@@ -26,6 +26,7 @@ class AgenticRolloutPipeline(AgenticPipeline):
         self.roles = ["actor_infer"]
         preflight(cfg, self.roles, rollout_only=True)
         self.cfg = cfg
+        self._init_run_state()
         self.clusters = {}
         self._start_workers()
         self._start_rollouts()
@@ -39,7 +40,7 @@ class AgenticRolloutPipeline(AgenticPipeline):
         samples = 0
         for step in range(cfg.max_steps):
             metrics: dict[str, float] = {}
-            timer = _Timer(metrics, bar)
+            timer = _Timer(metrics, bar, self.origin)
             start = time.perf_counter()
             with timer("rollout"):
                 rollout = self.collect("train", train_batch_size(cfg), step)

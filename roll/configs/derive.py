@@ -42,6 +42,7 @@ def finalize(cfg: schema.PipelineConfig, rollout_only: bool = False) -> schema.P
     check_domains(cfg)
     _positive(cfg)
     _check_training_meaning(cfg)
+    _check_async(cfg)
     if not rollout_only:
         _check_pg_worker(cfg)
         if cfg.actor_train == schema.WorkerConfig():
@@ -64,6 +65,13 @@ def finalize(cfg: schema.PipelineConfig, rollout_only: bool = False) -> schema.P
 
 
 ROLLOUT_ROLES = ("actor_infer",)
+
+
+def _check_async(cfg: schema.PipelineConfig) -> None:
+    r = cfg.async_generation_ratio
+    if r < 0 or (r > 0 and not float(r).is_integer()):
+        raise ConfigError("async_generation_ratio", f"must be 0 (synchronous) or a whole number of steps the rollouts "
+                          f"may run ahead of training (1, 2, ...), got {r!r}")
 
 
 def _check_pg_worker(cfg: schema.PipelineConfig) -> None:
@@ -95,6 +103,11 @@ def effective_pg_variant(cfg: schema.PipelineConfig) -> str | None:
 
     worker = cfg.actor_train
     return None if worker.worker_cls in ROLL_PLAIN_ACTORS else worker.pg_variant
+
+
+def async_ratio(cfg: schema.PipelineConfig) -> int:
+    """Steps the training rollouts may run ahead of the trainer (0: synchronous)."""
+    return int(cfg.async_generation_ratio)
 
 
 def needs_critic(cfg: schema.PipelineConfig) -> bool:

@@ -394,8 +394,13 @@ class PipelineConfig:
     max_additional_running_prompts: int = opt(
         16, "Extra prompts run beyond the batch size (RLVR).", inert="agentic rollouts run env groups, not prompts")
     async_generation_ratio: float = opt(
-        0.0, "Rollouts generated ahead of training (0: synchronous).",
-        inert="rollout and training take turns (asynchronous generation is not built yet)")
+        0.0, "Steps the training rollouts may run ahead of the trainer: with k > 0 the envs keep playing the next "
+        "k steps' episodes while the trainer updates, on weights at most k versions behind (a weight sync pauses "
+        "generation between turns; episodes in flight continue on the new weights). Every token records the "
+        "version that sampled it; a group with a token more than k versions old is dropped and counted "
+        "(async/dropped_rows); async/staleness_mean and _max are logged. Correct for the policy gap with "
+        "train_infer_correction (the sampler's log-probs are the behaviour policy's). 0: synchronous. Needs "
+        "actor_infer on devices of its own on GPUs.")
     # --- models
     pretrain: str | None = opt(None, "Default model of actor_train, actor_infer and reference.")
     reward_pretrain: str | None = opt(None, "Default model of the critic (and reward role).")

@@ -65,6 +65,7 @@ class Generation:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" (EOS / stop string) or "length"
+    version: int = 0  # the policy version (weight sync) that sampled it; set by the generation server
 
 
 @dataclass

@@ -8,6 +8,8 @@ import pytest
 from roll.cli import main
 
 BAD = [
+    ("async_generation_ratio=0.5", "async_generation_ratio"),
+    ("async_generation_ratio=-1", "async_generation_ratio"),
     ("actor_infer.generating_args.max_new_tokens=0", "actor_infer.generating_args.max_new_tokens"),
     ("max_tokens_per_step=-5", "max_new_tokens"),  # the catalog value feeds the sampling cap too
     ("custom_env.SimpleSokoban.max_tokens_per_step=-5", "custom_envs.SimpleSokoban.max_tokens_per_step"),

@@ -86,11 +86,11 @@ def test_role_keys_the_role_does_not_read_warn(tmp_path, override, key):
 
 
 def test_the_warning_is_one_line_naming_each_key(tmp_path, capsys):
-    write(tmp_path / "cfg.yaml", MINIMAL + "async_generation_ratio: 1\ncheckpoint_config:\n  type: file_system\n")
+    write(tmp_path / "cfg.yaml", MINIMAL + "generate_opt_level: 0\ncheckpoint_config:\n  type: file_system\n")
     assert main(["--config_path", str(tmp_path), "--config_name", "cfg", "--dry_run"]) == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert len(lines) == 1
-    assert "async_generation_ratio (" in lines[0] and "checkpoint_config (" in lines[0]
+    assert "generate_opt_level (" in lines[0] and "checkpoint_config (" in lines[0]
 
 
 # modules that only define, load, document or check keys: a key read only there does nothing

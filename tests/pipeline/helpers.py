@@ -24,3 +24,27 @@ REFERENCE = ("+reference.device_mapping=[0]", "+reference.strategy_args.strategy
 
 def tiny_config(model_path, tmp_path, *overrides):
     return load_config("agentic_sokoban", overrides=tiny_overrides(model_path, tmp_path, *overrides)).config
+
+
+def run_recorded(cfg) -> dict[int, dict[str, float]]:
+    """Run a pipeline on ``cfg`` in this process; every logged step's metrics, by step."""
+    from roll.agentic.pipeline import AgenticPipeline
+    from roll.utils.tracking import Tracker
+
+    class Recorder(Tracker):
+        def __init__(self):
+            self.steps = {}
+
+        def log(self, metrics, step):
+            self.steps[step] = dict(metrics)
+
+        def close(self):
+            pass
+
+    pipeline = AgenticPipeline(cfg)
+    pipeline.tracker = recorder = Recorder()
+    try:
+        pipeline.run()
+    finally:
+        pipeline.shutdown()
+    return recorder.steps

@@ -3,34 +3,17 @@
 
 import pytest
 
-from roll.agentic.pipeline import AgenticPipeline
-from roll.utils.tracking import Tracker
-
+from .helpers import run_recorded
 from .learning import digits_config
 
 pytestmark = pytest.mark.slow
 
 
-class Recorder(Tracker):
-    def __init__(self):
-        self.scores = []
-
-    def log(self, metrics, step):
-        self.scores.append(metrics["rollout/score"])
-
-    def close(self):
-        pass
-
-
 def test_mean_episode_reward_rises(tiny_model_path, tmp_path):
     cfg = digits_config(tiny_model_path, tmp_path, 10, 1e-2, "deterministic=true", "seed=1")
-    pipeline = AgenticPipeline(cfg)
-    pipeline.tracker = recorder = Recorder()
-    try:
-        pipeline.run()
-    finally:
-        pipeline.shutdown()
-    first, best_late = recorder.scores[0], max(recorder.scores[-3:])
-    print("mean episode reward per step:", [round(s, 3) for s in recorder.scores])
+    steps = run_recorded(cfg)
+    scores = [steps[s]["rollout/score"] for s in sorted(steps)]
+    first, best_late = scores[0], max(scores[-3:])
+    print("mean episode reward per step:", [round(s, 3) for s in scores])
     assert first < 0.15
     assert best_late > first + 0.25

@@ -10,12 +10,11 @@ import time
 
 import pytest
 
-from roll.agentic.pipeline import AgenticPipeline
 from roll.configs.loading import load_config
 from roll.utils.checkpoint import complete_checkpoints
-from roll.utils.tracking import Tracker
 
 from ..configs.conftest import REPO
+from .helpers import run_recorded
 from .learning import digits_overrides
 
 pytestmark = pytest.mark.slow
@@ -23,25 +22,9 @@ COMPARED = ("rollout/score", "actor/pg_loss", "actor/grad_norm", "actor/ppo_kl",
             "reward/score_mean", "tokens/step")
 
 
-class Recorder(Tracker):
-    def __init__(self):
-        self.by_step = {}
-
-    def log(self, metrics, step):
-        self.by_step[step] = {k: metrics[k] for k in COMPARED if k in metrics}
-
-    def close(self):
-        pass
-
-
 def run_in_process(overrides):
-    pipeline = AgenticPipeline(load_config("agentic_sokoban", overrides=overrides).config)
-    pipeline.tracker = rec = Recorder()
-    try:
-        pipeline.run()
-    finally:
-        pipeline.shutdown()
-    return rec.by_step
+    steps = run_recorded(load_config("agentic_sokoban", overrides=overrides).config)
+    return {step: {k: m[k] for k in COMPARED if k in m} for step, m in steps.items()}
 
 
 def test_sigkill_after_step_one_then_resume_matches_an_uninterrupted_run(tiny_model_path, tmp_path):

@@ -321,7 +321,7 @@ class TrajEnvManager:
     def _add_turn(self, row: TokenRow, prompt: TokenRow, gen: Generation, steps: list[StepRecord], obs: str, turn: int) -> tuple[str, bool]:
         ids = list(gen.token_ids)
         closed = bool(ids) and ids[-1] == self.template.eos_id
-        row.add_response(ids, gen.logprobs)
+        row.add_response(ids, gen.logprobs, gen.version)
         if not closed:
             row.add_context([self.template.eos_id])  # close the turn so the next message follows the template
         return self.template.decode(ids[:-1] if closed else ids), closed

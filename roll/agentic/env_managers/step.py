@@ -98,8 +98,9 @@ class StepEnvManager(TrajEnvManager):
         return prompt
 
     def _add_turn(self, row: TokenRow, prompt: TokenRow, gen: Generation, steps: list[StepRecord], obs: str, turn: int) -> tuple[str, bool]:
-        step_row = TokenRow(list(prompt.input_ids), list(prompt.response_mask), list(prompt.logprobs))
-        step_row.add_response(list(gen.token_ids), list(gen.logprobs))
+        step_row = TokenRow(list(prompt.input_ids), list(prompt.response_mask), list(prompt.logprobs),
+                            versions=list(prompt.versions))
+        step_row.add_response(list(gen.token_ids), list(gen.logprobs), gen.version)
         text, closed = super()._add_turn(row, row, gen, steps, obs, turn)
         steps.append(StepRecord(step_row, 0.0, state_hash(obs), turn, observation=obs, action=text))
         self._episode.steps = steps  # the same list: the episode loop fills in each step's reward and validity
