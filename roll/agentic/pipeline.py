@@ -245,6 +245,7 @@ class AgenticPipeline:
             if role in self.clusters:
                 self.clusters[role].call("load_checkpoint", str(path / role))
         self.start_step = int(state["step"]) + 1
+        self.version = int(state.get("version", state["step"]))  # the weights saved: the next sync makes it start_step
         kl = state.get("kl_coef")
         if kl is not None:
             self.kl_ctl = type(self.kl_ctl)(**{**self.kl_ctl.__dict__, "value": kl})
@@ -323,15 +324,22 @@ class AgenticPipeline:
             # whole batch here; otherwise the actor's loss does it on its first forward.
             batch, gap_metrics = apply_train_infer_correction(batch, correction_of(cfg))
             metrics.update(gap_metrics)
+        critic_update = None
         if "critic" in self.clusters:
             with timer("critic_train"):
-                metrics.update(self.clusters["critic"].dispatch(
-                    "train_step", batch, cfg.value_clip, cfg.loss_agg_mode, cfg.ppo_epochs, cfg.sequence_length)[0])
+                self.devices_to("critic")
+                critic_update = self.clusters["critic"].dispatch_async(
+                    "train_step", batch, cfg.value_clip, cfg.loss_agg_mode, cfg.ppo_epochs, cfg.sequence_length)
+                if self.shares_devices("critic", "actor_train"):  # colocated on GPUs: one after the other
+                    metrics.update(critic_update.result()[0])
         if step >= cfg.critic_warmup:
             with timer("actor_train"):
                 self.devices_to("actor_train")
                 # every replica reports the metrics of the whole global batch (reduced over ranks)
                 metrics.update(self.clusters["actor_train"].dispatch("train_step", batch, self.loss_config(), cfg.ppo_epochs)[0])
+        if critic_update is not None:  # on devices of its own, the critic trained alongside the actor
+            with timer("critic_train"):
+                metrics.update(critic_update.result()[0])
         if cfg.save_steps and ((step + 1) % cfg.save_steps == 0 or step + 1 == cfg.max_steps):
             with timer("checkpoint"):
                 self.save(step)
@@ -373,6 +381,10 @@ class AgenticPipeline:
         name = f"episode/{t.request.slot.tag}"
         text = transcript(f"step {step}, env {t.request.slot.env_id}", t.messages, t.turn_rewards, t.metrics)
         self.tracker.log_episode(name, text, filmstrip(t.frames) if t.frames else None, step)
+
+    def shares_devices(self, role: str, other: str) -> bool:
+        """Whether the two roles take turns on a device (GPUs only; CPU slots run side by side)."""
+        return self.time_share and bool(set(getattr(self.cfg, role).device_mapping) & set(getattr(self.cfg, other).device_mapping))
 
     def devices_to(self, role: str) -> None:
         """Make ``role`` resident on its devices, freeing the colocated roles' memory first."""

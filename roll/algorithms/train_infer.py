@@ -103,6 +103,8 @@ def train_infer_correction(
             weight = weight.clamp(0.0, cfg.upper_bound)
         weight = weight.detach() if cfg.detach else weight
         metrics["actor/is_weight_mean"] = token_share(weight, mask, counts)
+        on_mask = weight.detach()[mask.bool()]
+        metrics["actor/is_weight_max"] = float(on_mask.max()) if on_mask.numel() else 0.0  # a maximum, not a share
     keep = torch.ones_like(mask)
     for rule in cfg.filters:
         ratio, diff = stats[rule.agg_type]

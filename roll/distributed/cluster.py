@@ -47,6 +47,18 @@ class RpcTimeoutError(TimeoutError):
     pass
 
 
+class Pending:
+    """The result of a cluster call that is still running; ``result()`` waits for it (once)."""
+
+    def __init__(self, finish: Any) -> None:
+        self._finish, self._done, self._value = finish, False, None
+
+    def result(self) -> Any:
+        if not self._done:
+            self._value, self._done = self._finish(), True
+        return self._value
+
+
 class Cluster:
     def __init__(
         self,
@@ -98,19 +110,28 @@ class Cluster:
         """Split ``batch`` over the data-parallel ranks and run ``method`` on each part (ranks of one
         model-parallel replica get the same part). Batch results are gathered back into row order
         from one rank per replica; other results (metrics) come back as a list, one per replica."""
+        return self.dispatch_async(method, batch, *args, **kwargs).result()
+
+    def dispatch_async(self, method: str, batch: Batch, *args: Any, **kwargs: Any) -> Pending:
+        """``dispatch`` started without waiting: the workers run while the driver goes on; ``.result()``
+        waits for them and gathers as ``dispatch`` does."""
         if self._layout is None:
             self._layout = self.call("data_parallel_info")
         dp_size, collectors = plan_dispatch(self._layout)
         parts = batch.split_equal(dp_size)
         refs = [getattr(w, method).remote(parts[dp_rank], *args, **kwargs)
                 for w, (dp_rank, _, _) in zip(self.workers, self._layout)]
-        results = [self._get(ref, rank, method) for rank, ref in enumerate(refs)]
-        results = [results[rank] for rank in collectors]
-        if not all(isinstance(r, Batch) for r in results):
-            return results
-        for part, result in zip(parts, results):
-            result.meta["_row_order"] = part.meta["_row_order"]
-        return Batch.gather(results)
+
+        def gather() -> Any:
+            results = [self._get(ref, rank, method) for rank, ref in enumerate(refs)]
+            results = [results[rank] for rank in collectors]
+            if not all(isinstance(r, Batch) for r in results):
+                return results
+            for part, result in zip(parts, results):
+                result.meta["_row_order"] = part.meta["_row_order"]
+            return Batch.gather(results)
+
+        return Pending(gather)
 
     def _get(self, ref: Any, rank: int, method: str, timeout: float | None = None) -> Any:
         import ray

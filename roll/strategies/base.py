@@ -114,28 +114,38 @@ class StepStats:
     """What a train_step reports. Loss metrics arrive per micro-batch as parts of their mini-batch's
     global value (normalised by global counts), so they are summed per optimizer step, averaged over
     steps and summed over data-parallel ranks (``reduce``): each equals the metric of the whole global
-    batch, however it was cut. Grad norm: averaged over the steps that reported one; lr: the one the
-    last step used."""
+    batch, however it was cut. Metrics named ``*_max`` are maxima instead: the largest over micro-batches,
+    steps and ranks. Grad norm: averaged over the steps that reported one; lr: the one the last step used."""
 
     sums: dict[str, float] = field(default_factory=dict)
+    maxima: dict[str, float] = field(default_factory=dict)
     grad_norms: list[float] = field(default_factory=list)
     lrs: list[float] = field(default_factory=list)
 
     def add_micro(self, metrics: dict[str, Any]) -> None:
         for k, v in metrics.items():
-            self.sums[k] = self.sums.get(k, 0.0) + float(v)
+            if k.endswith("_max"):
+                self.maxima[k] = max(self.maxima.get(k, float("-inf")), float(v))
+            else:
+                self.sums[k] = self.sums.get(k, 0.0) + float(v)
 
     def add_step(self, grad_norm: float | None, lr: float) -> None:
         self.grad_norms.append(float(grad_norm) if grad_norm is not None else float("nan"))
         self.lrs.append(float(lr))
 
-    def summary(self, prefix: str, reduce: Callable[[list[float]], list[float]] | None = None) -> dict[str, float]:
+    def summary(self, prefix: str, reduce: Callable[[list[float]], list[float]] | None = None,
+                reduce_max: Callable[[list[float]], list[float]] | None = None) -> dict[str, float]:
         steps = max(len(self.grad_norms), 1)
         keys = sorted(self.sums)
         values = [self.sums[k] / steps for k in keys]
         if reduce is not None and keys:
             values = reduce(values)
         out = dict(zip(keys, values))
+        top = sorted(self.maxima)
+        maxima = [self.maxima[k] for k in top]
+        if reduce_max is not None and top:
+            maxima = reduce_max(maxima)
+        out.update(zip(top, maxima))
         reported = [n for n in self.grad_norms if not math.isnan(n)]
         out[f"{prefix}/grad_norm"] = sum(reported) / len(reported) if reported else (float("nan") if self.grad_norms else 0.0)
         out[f"{prefix}/lr"] = self.lrs[-1] if self.lrs else 0.0
@@ -143,12 +153,13 @@ class StepStats:
         return out
 
 
-def dp_sum(device: torch.device, group: Any = None) -> Callable[[list[float]], list[float]]:
-    """Sum a list of floats over the data-parallel ranks of ``group``."""
+def dp_sum(device: torch.device, group: Any = None, op: str = "sum") -> Callable[[list[float]], list[float]]:
+    """Sum (or, with ``op="max"``, take the maximum of) a list of floats over the data-parallel ranks of ``group``."""
 
     def reduce(values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=device)
-        torch.distributed.all_reduce(t, group=group)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX if op == "max" else torch.distributed.ReduceOp.SUM,
+                                     group=group)
         return t.tolist()
 
     return reduce

@@ -206,8 +206,9 @@ class DeepSpeedTrainStrategy(TrainStrategy):
             norm = before if before is not None else self.engine.get_global_grad_norm()
             stats.add_step(float(norm) if norm is not None else None, lr)
         self.schedule.call_done()
-        reduce = dp_sum(self.device) if self.world_size > 1 else None
-        return stats.summary("critic" if self.is_critic else "actor", reduce)
+        many = self.world_size > 1
+        return stats.summary("critic" if self.is_critic else "actor", dp_sum(self.device) if many else None,
+                             dp_sum(self.device, op="max") if many else None)
 
     def _grad_norm_before_step(self) -> float | None:
         """Without ZeRO, DeepSpeed does not report the norm: take it from the gradients (before clipping)."""

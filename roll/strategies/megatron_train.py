@@ -357,8 +357,9 @@ class MegatronTrainStrategy(TrainStrategy):
             self.schedule.step_taken()
             stats.add_step(float(grad_norm) if ok and grad_norm is not None else None, lr)
         self.schedule.call_done()
-        reduce = dp_sum(self.device, ps.get_data_parallel_group()) if self.dp_size > 1 else None
-        return stats.summary("critic" if self.is_critic else "actor", reduce)
+        many, group = self.dp_size > 1, ps.get_data_parallel_group()
+        return stats.summary("critic" if self.is_critic else "actor", dp_sum(self.device, group) if many else None,
+                             dp_sum(self.device, group, op="max") if many else None)
 
     # --- weights
     def _local_chunks(self) -> list[Any]:

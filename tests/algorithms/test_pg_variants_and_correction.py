@@ -89,6 +89,7 @@ def test_correction_weight_filters_and_metrics_by_hand():
     assert weight[0, :2].tolist() == approx([1.0, math.exp(-0.5)])  # e^0.1 clipped to the bound 1.0
     assert keep[0, :2].tolist() == [1.0, 0.0]  # ratio e^-0.5 = 0.61 < 0.8, diff -0.088 < -0.05
     assert m["actor/is_weight_clipfrac"] == approx(0.5)
+    assert m["actor/is_weight_max"] == approx(1.0)  # over the mask (the third token's ratio e^-0.2 is off it)
     assert m["actor/train_infer_token_ratio_pass"] == approx(0.5)
     assert m["actor/train_infer_token_diff_pass"] == approx(0.5)
     assert m["actor/train_infer_kept"] == approx(0.5)
@@ -115,3 +116,15 @@ def test_the_actor_loss_applies_the_correction_on_its_first_forward():
     loss, metrics = make_actor_loss_fn(filtered)(micro, ForwardOutput(logprobs=logp.clone().requires_grad_(True)), counts)
     assert loss.item() == approx(-1 / 2)  # token 1 left the mask; the count stays the batch's (ROLL's rule)
     assert metrics["actor/train_infer_kept"] == approx(0.5)
+
+
+def test_step_stats_take_maxima_of_max_metrics_and_sum_the_rest():
+    from roll.strategies.base import StepStats
+
+    stats = StepStats()
+    stats.add_micro({"actor/is_weight_max": 1.1, "actor/pg_loss": 0.25})
+    stats.add_micro({"actor/is_weight_max": 1.3, "actor/pg_loss": 0.5})
+    stats.add_step(1.0, 1e-3)
+    out = stats.summary("actor", reduce=lambda v: [x * 2 for x in v], reduce_max=lambda v: [max(x, 2.0) for x in v])
+    assert out["actor/is_weight_max"] == 2.0 and out["actor/pg_loss"] == 1.5
+    assert StepStats(maxima={"a_max": 3.0}).summary("actor")["a_max"] == 3.0
