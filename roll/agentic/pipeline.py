@@ -50,6 +50,7 @@ from roll.configs.derive import (
     global_train_batch_size,
     needs_critic,
     needs_reference,
+    reference_from_actor,
     train_batch_size,
 )
 from roll.configs.inputs import check_inputs
@@ -63,8 +64,10 @@ log = logging.getLogger(__name__)
 
 
 def pipeline_roles(cfg: PipelineConfig) -> list[str]:
-    """The roles this run starts: the two actors, and the reference and critic when they are needed."""
-    return ["actor_train", "actor_infer"] + (["reference"] if needs_reference(cfg) else []) + (["critic"] if needs_critic(cfg) else [])
+    """The roles this run starts: the two actors, and the reference and critic when they are needed (a LoRA
+    run's reference is actor_train with its adapter off, unless a reference role is configured)."""
+    reference = needs_reference(cfg) and not reference_from_actor(cfg)
+    return ["actor_train", "actor_infer"] + (["reference"] if reference else []) + (["critic"] if needs_critic(cfg) else [])
 
 
 def preflight(cfg: PipelineConfig, roles: list[str], rollout_only: bool = False) -> None:
@@ -304,7 +307,11 @@ class AgenticPipeline:
             with timer("reference"):
                 self.devices_to("reference")
                 batch = batch | self.clusters["reference"].dispatch("compute_log_probs", batch)
-        recompute = old_logprobs_need_recompute(cfg, len(batch), "reference" in self.clusters)
+        elif reference_from_actor(cfg):
+            with timer("reference"):  # LoRA: the base model is the adapter-free actor
+                self.devices_to("actor_train")
+                batch = batch | self.clusters["actor_train"].dispatch("compute_ref_log_probs", batch)
+        recompute = old_logprobs_need_recompute(cfg, len(batch), needs_reference(cfg))
         metrics["actor/old_logprobs_recomputed"] = float(recompute)
         if recompute:
             with timer("old_log_probs"):

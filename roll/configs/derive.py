@@ -43,6 +43,7 @@ def finalize(cfg: schema.PipelineConfig, rollout_only: bool = False) -> schema.P
     _positive(cfg)
     _check_training_meaning(cfg)
     _check_async(cfg)
+    _check_lora(cfg)
     if not rollout_only:
         _check_pg_worker(cfg)
         if cfg.actor_train == schema.WorkerConfig():
@@ -67,6 +68,38 @@ def finalize(cfg: schema.PipelineConfig, rollout_only: bool = False) -> schema.P
 ROLLOUT_ROLES = ("actor_infer",)
 
 
+def _check_lora(cfg: schema.PipelineConfig) -> None:
+    """LoRA and freezing are built for deepspeed_train (ZeRO 0-2) on actor_train; an actor_infer that sets its own
+    lora_* keys must describe the trainer's adapter."""
+    for role in ("critic", "reference", "reward"):
+        worker = getattr(cfg, role)
+        if worker is not None and (worker.model_args.lora_target or worker.model_args.freeze_module_prefix):
+            key = "lora_target" if worker.model_args.lora_target else "freeze_module_prefix"
+            raise ConfigError(f"{role}.model_args.{key}", "LoRA and freezing train actor_train only")
+    train = cfg.actor_train
+    ma = train.model_args
+    if not (ma.lora_target or ma.freeze_module_prefix):
+        return
+    key = f"actor_train.model_args.{'lora_target' if ma.lora_target else 'freeze_module_prefix'}"
+    if train.strategy_args.strategy_name != "deepspeed_train":
+        raise ConfigError(key, f"LoRA and freezing are built for deepspeed_train, not {train.strategy_args.strategy_name}")
+    stage = ((train.strategy_args.strategy_config or {}).get("zero_optimization") or {}).get("stage", 0)
+    if ma.lora_target and stage == 3:
+        raise ConfigError(key, "LoRA runs with ZeRO stages 0-2 (the adapter is small: stage 2 shards its optimizer "
+                          "state; stage 3 would gather the frozen base weights for every sync)")
+    if ma.lora_target and ma.lora_rank < 1:
+        raise ConfigError("actor_train.model_args.lora_rank", f"must be >= 1, got {ma.lora_rank}")
+    infer = cfg.actor_infer.model_args
+    if ma.lora_target and infer.lora_target:
+        for name in ("lora_rank", "lora_alpha"):
+            mine, theirs = getattr(infer, name), getattr(ma, name)
+            if name == "lora_alpha":
+                mine, theirs = mine or 2 * infer.lora_rank, theirs or 2 * ma.lora_rank
+            if mine != theirs:
+                raise ConfigError(f"actor_infer.model_args.{name}", f"is {mine} but actor_train's adapter has {theirs}; "
+                                  "actor_infer receives the trainer's adapter")
+
+
 def _check_async(cfg: schema.PipelineConfig) -> None:
     r = cfg.async_generation_ratio
     if r < 0 or (r > 0 and not float(r).is_integer()):
@@ -88,8 +121,17 @@ def train_batch_size(cfg: schema.PipelineConfig) -> int:
 
 
 def needs_reference(cfg: schema.PipelineConfig) -> bool:
-    """The reference role runs when a KL term needs its log-probs (or it is asked for)."""
+    """Reference log-probs are needed: a KL term uses them (or they are asked for)."""
     return cfg.enable_reference or cfg.use_kl_loss or (cfg.add_token_level_kl and cfg.init_kl_coef > 0)
+
+
+def lora_run(cfg: schema.PipelineConfig) -> bool:
+    return bool(cfg.actor_train.model_args.lora_target)
+
+
+def reference_from_actor(cfg: schema.PipelineConfig) -> bool:
+    """A LoRA run without a reference role of its own: the reference is actor_train with its adapter off."""
+    return needs_reference(cfg) and lora_run(cfg) and (cfg.reference is None or cfg.reference.device_mapping is None)
 
 
 def dual_clip_constant(cfg: schema.PipelineConfig) -> float:
@@ -266,7 +308,7 @@ def _check_required_roles(cfg: schema.PipelineConfig, required: tuple[str, ...])
         return
     if needs_critic(cfg) and (cfg.critic is None or cfg.critic.device_mapping is None):
         raise ConfigError("critic.device_mapping", "required because adv_estimator is 'gae' (it needs a value model)")
-    if needs_reference(cfg) and (cfg.reference is None or cfg.reference.device_mapping is None):
+    if needs_reference(cfg) and not reference_from_actor(cfg) and (cfg.reference is None or cfg.reference.device_mapping is None):
         why = "use_kl_loss is true" if cfg.use_kl_loss else (
             "enable_reference is true" if cfg.enable_reference else "add_token_level_kl is on with init_kl_coef > 0")
         raise ConfigError("reference.device_mapping", f"required because {why}")

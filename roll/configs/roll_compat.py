@@ -82,7 +82,6 @@ class Refusal:
     is_off: Callable[[Any], bool]
 
 
-_LORA = "LoRA is not shipped yet: it would train adapters instead of the whole model; remove the lora_* keys"
 # section -> {key: refusal}
 REFUSED: dict[str, dict[str, Refusal]] = {
     "pipeline": {
@@ -97,12 +96,8 @@ REFUSED: dict[str, dict[str, Refusal]] = {
             "(ROLL's default) means; false would change the gradient scale", _off(True, None)),
     },
     "model_args": {
-        "lora_target": Refusal(_LORA, _off(None, "")),
-        "lora_rank": Refusal(_LORA, _off(None, 0)),
-        "lora_alpha": Refusal(_LORA, _off(None, 0)),
-        "lora_dropout": Refusal(_LORA, _off(None, 0, 0.0)),
-        "freeze_module_prefix": Refusal(
-            "freezing modules is not shipped: every weight of the model trains; remove the key", _off(None, "")),
+        "additional_target": Refusal(
+            "modules trained in full beside LoRA adapters are not shipped; remove the key", _off(None, "", [])),
         "model_config_kwargs": Refusal(
             "overriding the model's config is not shipped: the model loads with its own config; remove the key",
             _off(None)),

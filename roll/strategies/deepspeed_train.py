@@ -26,6 +26,15 @@ import torch
 from roll.distributed.batch import Batch
 from roll.models.loading import load_causal_lm, load_value_model
 from roll.models.logprobs import position_ids_from_mask, shifted_token_logprobs
+from roll.models.lora import (
+    adapter_named_tensors,
+    add_adapter,
+    freeze,
+    is_adapted,
+    lora_config,
+    lora_enabled,
+    merged_named_tensors,
+)
 from roll.strategies.base import (
     ForwardOutput,
     LossFn,
@@ -90,6 +99,7 @@ class DeepSpeedTrainStrategy(TrainStrategy):
         self.rank = context.rank
         self.is_critic = worker_config.model_args.model_type == "value" or self.role == "critic"
         self.engine: Any = None
+        self.partial = False  # some weights are frozen
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.zero_stage = 0
 
@@ -111,8 +121,14 @@ class DeepSpeedTrainStrategy(TrainStrategy):
         model = load_value_model(model_args) if self.is_critic else load_causal_lm(model_args)
         if not model_args.disable_gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        freeze(model, model_args.freeze_module_prefix)
+        if lora_enabled(model_args):
+            model = add_adapter(model, lora_config(model_args, model))
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        self.partial = len(trainable) < sum(1 for _ in model.parameters())  # checkpoints skip the frozen weights
         ta = self.config.training_args
-        optimizer = torch.optim.AdamW(model.parameters(), lr=ta.learning_rate, betas=(ta.adam_beta1, ta.adam_beta2),
+        # frozen weights get no optimizer state (LoRA: only the adapter's tensors are in the optimizer)
+        optimizer = torch.optim.AdamW(trainable, lr=ta.learning_rate, betas=(ta.adam_beta1, ta.adam_beta2),
                                       eps=ta.adam_epsilon, weight_decay=ta.weight_decay)
         # the schedule sets each step's lr itself (its length follows what this role really runs)
         self.schedule = LRSchedule(ta.lr_scheduler_type, ta.learning_rate, self.train_calls, ta.warmup_steps, ta.warmup_ratio)
@@ -169,10 +185,19 @@ class DeepSpeedTrainStrategy(TrainStrategy):
         micro = ta.per_device_train_batch_size
         return [mini_batch.select(range(s, min(len(mini_batch), s + micro))) for s in range(0, len(mini_batch), micro)]
 
-    def compute_log_probs(self, batch: Batch) -> torch.Tensor:
+    def compute_log_probs(self, batch: Batch, adapters: bool = True) -> torch.Tensor:
+        """Log-probs of the current policy; ``adapters=False``: of the base model under a LoRA adapter (the
+        reference policy of a LoRA run, with no second copy of the weights)."""
         if self.is_critic:
             raise RuntimeError("the critic has no log-probs")
-        return self._batched(batch, "logprobs")
+        if adapters or not self.lora:
+            return self._batched(batch, "logprobs")
+        with self.engine.module.disable_adapter():
+            return self._batched(batch, "logprobs")
+
+    @property
+    def lora(self) -> bool:
+        return self.engine is not None and is_adapted(self.engine.module)
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         if not self.is_critic:
@@ -218,15 +243,29 @@ class DeepSpeedTrainStrategy(TrainStrategy):
         return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
 
     # --- weights
-    def weight_sizes(self) -> list[tuple[str, int]]:
-        """(name, bytes) of every weight in sync order."""
-        return [(n, _numel(p) * p.element_size()) for n, p in self.engine.module.named_parameters()]
+    def _sync_tensors(self, adapters: bool) -> list[tuple[str, Any]]:
+        """What a weight sync sends: every parameter; under LoRA the adapter's tensors alone (``adapters``,
+        for engines that apply adapters) or every weight with the adapter merged in."""
+        if not self.lora:
+            return list(self.engine.module.named_parameters())
+        return adapter_named_tensors(self.engine.module) if adapters else merged_named_tensors(self.engine.module)
 
-    def weight_buckets(self, bucket_bytes: int = 256 << 20) -> Iterator[NamedTensors]:
+    def adapter_config(self) -> dict[str, Any] | None:
+        """The LoRA adapter's peft config (JSON-able), or None without LoRA."""
+        if not self.lora:
+            return None
+        config = self.engine.module.peft_config["default"].to_dict()
+        return {k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}
+
+    def weight_sizes(self, adapters: bool = False) -> list[tuple[str, int]]:
+        """(name, bytes) of every tensor a sync sends, in sync order."""
+        return [(n, _numel(p) * p.element_size()) for n, p in self._sync_tensors(adapters)]
+
+    def weight_buckets(self, bucket_bytes: int = 256 << 20, adapters: bool = False) -> Iterator[NamedTensors]:
         """(name, tensor) lists of at most ``bucket_bytes`` each; ZeRO-3 gathers one bucket at a time."""
         bucket: list[tuple[str, torch.nn.Parameter]] = []
         size = 0
-        for name, param in self.engine.module.named_parameters():
+        for name, param in self._sync_tensors(adapters):
             nbytes = _numel(param) * param.element_size()
             if bucket and size + nbytes > bucket_bytes:
                 yield self._materialise(bucket)
@@ -255,13 +294,17 @@ class DeepSpeedTrainStrategy(TrainStrategy):
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         }
+        # frozen weights (LoRA's base model, freeze_module_prefix) are not saved: they come from the model path
         self.engine.save_checkpoint(path, tag=self.role, client_state={"rng": rng, "lr_schedule": self.schedule.state_dict()},
-                                    save_latest=False)
+                                    save_latest=False, exclude_frozen_parameters=self.partial)
+        if self.lora and self.rank == 0:  # the adapter as peft saves it, loadable from outside (PeftModel.from_pretrained)
+            self.engine.module.save_pretrained(os.path.join(path, "adapter"))
 
     def load_checkpoint(self, path: str) -> None:
         if not os.path.isdir(os.path.join(path, self.role)):  # DeepSpeed would fail with a bare assert
             raise FileNotFoundError(f"no {self.role} checkpoint in {path}")
-        _, client = self.engine.load_checkpoint(path, tag=self.role, load_optimizer_states=True, load_lr_scheduler_states=False)
+        _, client = self.engine.load_checkpoint(path, tag=self.role, load_optimizer_states=True, load_lr_scheduler_states=False,
+                                                load_module_strict=not self.partial)
         if client is None:
             raise FileNotFoundError(f"no {self.role} checkpoint in {path}")
         self.schedule.load_state_dict(client["lr_schedule"])

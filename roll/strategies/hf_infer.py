@@ -18,6 +18,7 @@ from roll.configs.strategy_configs import parse_strategy_config
 from roll.distributed.batch import Batch
 from roll.models.loading import load_causal_lm, load_tokenizer
 from roll.models.logprobs import forward_logprobs
+from roll.models.lora import peft_module_name as base_model_name
 from roll.strategies.base import Generation, InferenceStrategy, NamedTensors, SamplingParams, StrategyContext
 from roll.strategies.hf_engine import GenerationEngine
 from roll.strategies.micro_batching import dynamic_micro_batches, scatter_rows
@@ -34,6 +35,7 @@ class HFInferStrategy(InferenceStrategy):
         self.tokenizer: Any = None
         self.eos_ids: set[int] = set()
         self.engine: GenerationEngine | None = None
+        self.adapter: dict[str, Any] | None = None  # the trainer's LoRA config, once a LoRA sync arrived
 
     def initialize(self) -> None:
         self.tokenizer = load_tokenizer(self.config.model_args)
@@ -80,11 +82,29 @@ class HFInferStrategy(InferenceStrategy):
         ).cpu()
 
     # --- weights and memory
+    accepts_adapters = True  # a LoRA sync sends the adapter's tensors; the model applies them
+
+    def configure_adapter(self, config: dict[str, Any]) -> None:
+        """Put the trainer's LoRA adapter (peft config) into the model, in place, once; its tensors arrive with
+        each sync. The base weights stay as loaded."""
+        assert self.model is not None, "initialize() first"
+        if self.adapter == config:
+            return
+        if self.adapter is not None:
+            raise ValueError("weight sync: the trainer's LoRA adapter changed shape during the run")
+        from peft import LoraConfig, inject_adapter_in_model
+
+        fields = {k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__}
+        inject_adapter_in_model(LoraConfig(**fields), self.model)
+        self.model.eval()
+        self.adapter = config
+
     @torch.no_grad()
     def load_weights(self, named_tensors: NamedTensors) -> None:
         assert self.model is not None, "initialize() first"
         params = dict(self.model.named_parameters())
         for name, tensor in named_tensors:
+            name = base_model_name(name)
             if name not in params:
                 raise KeyError(f"weight sync: the inference model has no parameter {name!r}")
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))

@@ -28,6 +28,13 @@ class ActorInferWorker(RoleWorker):
             self._receiver = SharedWeightsReceiver()
         self.strategy.load_weights(self._receiver.views(buffer_name, slots))
 
+    def accepts_adapters(self) -> bool:
+        """Whether this engine applies a LoRA adapter itself (then a sync sends the adapter's tensors only)."""
+        return bool(getattr(self.strategy, "accepts_adapters", False))
+
+    def configure_adapter(self, config: dict) -> None:
+        self.strategy.configure_adapter(config)
+
     def compute_log_probs(self, batch: Batch) -> Batch:
         return Batch({"infer_logprobs": self.strategy.compute_log_probs(batch)})
 

@@ -48,6 +48,10 @@ class ActorTrainWorker(RoleWorker):
     def compute_log_probs(self, batch: Batch) -> Batch:
         return Batch({"old_logprobs": self.strategy.compute_log_probs(batch)})
 
+    def compute_ref_log_probs(self, batch: Batch) -> Batch:
+        """The reference policy of a LoRA run: this model with its adapter off (the base weights)."""
+        return Batch({"ref_logprobs": self.strategy.compute_log_probs(batch, adapters=False)})
+
     def train_step(self, batch: Batch, loss_cfg: ActorLossConfig, epochs: int = 1) -> dict[str, float]:
         return self.strategy.train_step(batch, make_actor_loss_fn(loss_cfg), epochs)
 
@@ -61,6 +65,11 @@ class ActorTrainWorker(RoleWorker):
         start = time.perf_counter()
         sent = 0
         local, remote = [], []
+        adapter = self.strategy.adapter_config() if hasattr(self.strategy, "adapter_config") else None
+        # engines that apply adapters get the adapter's tensors only; the others get merged weights
+        adapters = adapter is not None and all(ray.get([w.accepts_adapters.remote() for w in infer_workers]))
+        if adapters and self.rank == 0:
+            ray.get([w.configure_adapter.remote(adapter) for w in infer_workers])
         if self.rank == 0:
             here = ray.get_runtime_context().get_node_id()
             nodes = ray.get([w.node_id.remote() for w in infer_workers])
@@ -70,8 +79,8 @@ class ActorTrainWorker(RoleWorker):
             if local:
                 if self._sender is None:
                     self._sender = SharedWeightsSender()
-                buffer = self._sender.prepare(self.strategy.weight_sizes())
-        for bucket in self.strategy.weight_buckets(bucket_bytes):
+                buffer = self._sender.prepare(self.strategy.weight_sizes(adapters))
+        for bucket in self.strategy.weight_buckets(bucket_bytes, adapters):
             if self.rank != 0:
                 continue
             calls = []
@@ -83,7 +92,8 @@ class ActorTrainWorker(RoleWorker):
                 calls += [w.update_weights.remote(ref) for w in remote]
             ray.get(calls)
             sent += sum(t.numel() * t.element_size() for _, t in bucket)
-        return {"time/weight_sync_s": time.perf_counter() - start, "weight_sync/bytes": float(sent)}
+        return {"time/weight_sync_s": time.perf_counter() - start, "weight_sync/bytes": float(sent),
+                "weight_sync/adapter_only": float(adapters)}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.strategy.state_dict()

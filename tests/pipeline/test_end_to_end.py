@@ -63,3 +63,15 @@ def test_a_run_with_envs_that_hang_and_raise_finishes_its_steps(tiny_model_path,
     scalars = read_scalars(tmp_path / "out" / "tb")
     assert len(scalars["rollout/env_errors"]) == 3  # every step ran and logged
     assert sum(scalars["rollout/env_errors"]) > 0 and min(scalars["rollout/trajectories"]) >= 1
+
+
+def test_a_lora_run_takes_its_reference_from_the_adapter_free_actor(tiny_model_path, tmp_path):
+    from roll.agentic.pipeline import pipeline_roles
+
+    cfg = tiny_config(tiny_model_path, tmp_path, "+actor_train.model_args.lora_target=all-linear",
+                      "+actor_train.model_args.lora_rank=4", "use_kl_loss=true", "kl_loss_coef=0.1", "save_steps=2")
+    assert pipeline_roles(cfg) == ["actor_train", "actor_infer"]  # no second copy of the weights
+    last = run(cfg)
+    assert last["weight_sync/adapter_only"] == 1.0 and "actor/kl_loss" in last and "time/reference" in last
+    adapter = tmp_path / "out" / "checkpoints" / "step_000001" / "actor_train" / "adapter"
+    assert (adapter / "adapter_config.json").is_file()

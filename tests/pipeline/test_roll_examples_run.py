@@ -29,6 +29,7 @@ RUNS = {
     "agentic_val_sokoban_gigpo.yaml": ("actor/pg_clipfrac",),
     "agentic_val_sokoban_dynamic_batching.yaml": ("actor/pg_clipfrac",),
     "agentic_sokoban_rollout_mock_dump.yaml": ("actor/pg_clipfrac",),
+    "agentic_val_sokoban_lora.yaml": ("weight_sync/adapter_only",),
 }
 
 
@@ -39,7 +40,10 @@ def tree(tmp_path_factory):
 
 def scaled(tree, name, model, out, *extra, rollout_only=False):
     folder = tree / EXP
-    base = load_config(name[:-5], folder, rollout_only=rollout_only).config
+    # the CPU trainer from the start: ROLL's LoRA example names megatron_train, for which LoRA is not built here
+    cpu_trainer = [] if rollout_only else ["actor_train.strategy_args.strategy_name=deepspeed_train",
+                                           "++actor_train.strategy_args.strategy_config=null"]
+    base = load_config(name[:-5], folder, cpu_trainer, rollout_only=rollout_only).config
     return load_config(name[:-5], folder, [*tiny_roll_overrides(base, model, out), *extra], rollout_only=rollout_only).config
 
 
@@ -59,6 +63,8 @@ def test_roll_example_runs_one_step(tree, tiny_model_path, tmp_path, name):
         assert key in metrics, key
     if cfg.enable_old_logprobs_recompute:
         assert metrics["actor/old_logprobs_recomputed"] == 1.0
+    if cfg.actor_train.model_args.lora_target:  # hf_infer takes the adapter's tensors only
+        assert metrics["weight_sync/adapter_only"] == 1.0
 
 
 def test_rollout_mock_replays_the_dumped_step_exactly(tree, tiny_model_path, tmp_path):
