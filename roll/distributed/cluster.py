@@ -148,6 +148,10 @@ class Cluster:
     def shutdown(self) -> None:
         import ray
 
+        try:  # a worker that cannot answer is killed all the same
+            ray.get([w.release.remote() for w in self.workers], timeout=30)
+        except Exception:  # noqa: BLE001 - shutdown goes on whatever the workers' state
+            pass
         for w in self.workers:
             ray.kill(w)
         self.workers = []

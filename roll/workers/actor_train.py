@@ -95,6 +95,11 @@ class ActorTrainWorker(RoleWorker):
         return {"time/weight_sync_s": time.perf_counter() - start, "weight_sync/bytes": float(sent),
                 "weight_sync/adapter_only": float(adapters)}
 
+    def release(self) -> None:
+        if self._sender is not None:
+            self._sender.close()  # unlinks the weight-sync buffer in /dev/shm
+            self._sender = None
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.strategy.state_dict()
 

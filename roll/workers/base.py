@@ -53,6 +53,10 @@ class RoleWorker:
         info = getattr(self.strategy, "data_parallel_info", None)
         return info() if info is not None else (self.rank, self.world_size, True)
 
+    def release(self) -> None:
+        """Free what outlives the process (shared-memory buffers) before the actor is killed; atexit hooks do not
+        run when Ray kills an actor."""
+
     def node_id(self) -> str:
         import ray
 

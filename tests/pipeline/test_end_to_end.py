@@ -1,5 +1,7 @@
 """The whole pipeline on CPU with a tiny model (slow; CI runs it)."""
 
+from pathlib import Path
+
 import pytest
 
 from roll.agentic.pipeline import AgenticPipeline
@@ -46,8 +48,12 @@ def test_two_steps_with_gae_critic_reference_eval_and_checkpoints(tiny_model_pat
 def test_grpo_without_critic_runs(tiny_model_path, tmp_path):
     cfg = tiny_config(tiny_model_path, tmp_path, "adv_estimator=grpo", "max_steps=1", "eval_steps=0", "save_steps=0",
                       "track_with=stdout")
+    shm = Path("/dev/shm")
+    before = set(shm.glob("psm_*")) if shm.is_dir() else set()
     last = run(cfg)
     assert "critic/vf_clipfrac" not in last and last["actor/optimizer_steps"] >= 1
+    if shm.is_dir():  # the weight-sync buffer is unlinked at shutdown (Ray's kill runs no atexit hook)
+        assert set(shm.glob("psm_*")) <= before
 
 
 def test_a_run_with_envs_that_hang_and_raise_finishes_its_steps(tiny_model_path, tmp_path):

@@ -27,15 +27,11 @@ def run_in_process(overrides):
     return {step: {k: m[k] for k in COMPARED if k in m} for step, m in steps.items()}
 
 
-def test_sigkill_after_step_one_then_resume_matches_an_uninterrupted_run(tiny_model_path, tmp_path):
-    common = ["deterministic=true", "seed=3", "save_steps=1"]
-    straight = run_in_process(digits_overrides(tiny_model_path, tmp_path / "a", 4, 1e-2, *common))
-
-    resumed_dir = tmp_path / "b"
-    overrides = digits_overrides(tiny_model_path, resumed_dir, 4, 1e-2, *common)
+def kill_after_step_one(overrides, out: str) -> int:
+    """Start a run in its own process, SIGKILL it (driver and workers) once step 1 is checkpointed; the
+    newest complete checkpoint's step."""
     proc = subprocess.Popen([sys.executable, "examples/start_agentic_pipeline.py", "--config_name", "agentic_sokoban", *overrides],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    out = str(resumed_dir / "out")
     deadline = time.time() + 600
     while time.time() < deadline and "step_000001" not in [p.name for p in complete_checkpoints(out)]:
         assert proc.poll() is None, "the run ended before it could be killed"
@@ -43,7 +39,16 @@ def test_sigkill_after_step_one_then_resume_matches_an_uninterrupted_run(tiny_mo
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and every worker it started
     proc.wait()
     subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
-    latest = int(complete_checkpoints(out)[-1].name.split("_")[1])
+    return int(complete_checkpoints(out)[-1].name.split("_")[1])
+
+
+def test_sigkill_after_step_one_then_resume_matches_an_uninterrupted_run(tiny_model_path, tmp_path):
+    common = ["deterministic=true", "seed=3", "save_steps=1"]
+    straight = run_in_process(digits_overrides(tiny_model_path, tmp_path / "a", 4, 1e-2, *common))
+
+    resumed_dir = tmp_path / "b"
+    overrides = digits_overrides(tiny_model_path, resumed_dir, 4, 1e-2, *common)
+    latest = kill_after_step_one(overrides, str(resumed_dir / "out"))
     assert 1 <= latest < 3, f"killed after step {latest}: nothing left to resume"
     resumed = run_in_process(overrides + ["resume_from_checkpoint=true"])
     assert sorted(resumed) == list(range(latest + 1, 4))
@@ -51,3 +56,18 @@ def test_sigkill_after_step_one_then_resume_matches_an_uninterrupted_run(tiny_mo
         for key, value in straight[step].items():
             assert metrics[key] == pytest.approx(value, abs=1e-6), (step, key)
     print(json.dumps({"killed_after": latest, "uninterrupted": straight, "resumed": resumed}))
+
+
+def test_async_sigkill_then_resume_trains_no_row_from_before_the_checkpoint(tiny_model_path, tmp_path):
+    """With rollouts one step ahead, a run killed mid-flight resumes on fresh rollouts: the first resumed step's
+    rows were all sampled by the checkpoint's weights (staleness 0), later ones stay within the bound."""
+    overrides = digits_overrides(tiny_model_path, tmp_path, 5, 1e-2, "seed=3", "save_steps=1", "async_generation_ratio=1",
+                                 "train_infer_correction.is_weight.enabled=true")
+    latest = kill_after_step_one(overrides, str(tmp_path / "out"))
+    assert 1 <= latest < 4, f"killed after step {latest}: nothing left to resume"
+    steps = run_recorded(load_config("agentic_sokoban", overrides=overrides + ["resume_from_checkpoint=true"]).config)
+    assert sorted(steps) == list(range(latest + 1, 5))
+    first = steps[latest + 1]
+    assert first["async/version"] == latest + 1 and first["async/staleness_max"] == 0
+    assert all(m["async/staleness_max"] <= 1 and m["async/dropped_rows"] == 0 for m in steps.values())
+    assert all("actor/is_weight_mean" in m for m in steps.values())
