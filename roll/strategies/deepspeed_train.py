@@ -49,7 +49,7 @@ from roll.strategies.base import (
     set_lr,
 )
 from roll.strategies.lr_schedule import LRSchedule
-from roll.strategies.micro_batching import dynamic_micro_batches, scatter_rows
+from roll.strategies.micro_batching import budget_groups, micro_batches_of, scatter_rows, split_to
 
 log = logging.getLogger(__name__)
 
@@ -170,12 +170,12 @@ class DeepSpeedTrainStrategy(TrainStrategy):
 
     def _dynamic(self, batch: Batch, budget: int, round_to: int) -> tuple[list[Batch], list[list[int]]]:
         """Token-budget micro-batches, as many on every data-parallel rank (ZeRO collectives run per forward)."""
-        micros, groups = dynamic_micro_batches(batch, budget, round_to)
+        groups = budget_groups(batch, budget, round_to)
         if self.world_size > 1:
             count = torch.tensor([len(groups)], device=self.device)
             torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-            micros, groups = dynamic_micro_batches(batch, budget, round_to, int(count.item()))
-        return micros, groups
+            groups = split_to(groups, int(count.item()))
+        return micro_batches_of(batch, groups, round_to), groups
 
     def _train_micro_batches(self, mini_batch: Batch) -> list[Batch]:
         ta, c = self.config.training_args, self.config

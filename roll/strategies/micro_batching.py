@@ -78,12 +78,20 @@ def empty_like_row(batch: Batch) -> Batch:
 def dynamic_micro_batches(batch: Batch, max_tokens: int, round_to: int, count: int | None = None) -> tuple[list[Batch], list[list[int]]]:
     """(micro-batches, the rows of each) by token budget; with ``count``, exactly that many (see split_to).
     A placeholder micro-batch (``empty_like_row``) stands for an empty group."""
-    lengths = batch["attention_mask"].sum(-1).tolist()
-    groups = token_budget_groups(lengths, max_tokens, round_to)
+    groups = budget_groups(batch, max_tokens, round_to)
     if count is not None:
         groups = split_to(groups, count)
-    micros = [trimmed(batch.select(g), round_to) if g else empty_like_row(batch) for g in groups]
-    return micros, groups
+    return micro_batches_of(batch, groups, round_to), groups
+
+
+def budget_groups(batch: Batch, max_tokens: int, round_to: int) -> list[list[int]]:
+    """``token_budget_groups`` of the batch's rows (their lengths from the attention mask)."""
+    return token_budget_groups(batch["attention_mask"].sum(-1).tolist(), max_tokens, round_to)
+
+
+def micro_batches_of(batch: Batch, groups: list[list[int]], round_to: int) -> list[Batch]:
+    """The rows of each group, trimmed; a placeholder micro-batch (``empty_like_row``) for an empty group."""
+    return [trimmed(batch.select(g), round_to) if g else empty_like_row(batch) for g in groups]
 
 
 def scatter_rows(parts: Sequence[torch.Tensor], groups: Sequence[Sequence[int]], rows: int, width: int) -> torch.Tensor:
