@@ -69,6 +69,7 @@ def inert_settings(cfg: schema.PipelineConfig, rollout_only: bool = False) -> di
     if cfg.actor_train.pg_variant is not None and cfg.actor_train.worker_cls in ROLL_PLAIN_ACTORS:
         out["actor_train.pg_variant"] = (f"{cfg.actor_train.worker_cls} (ROLL's plain actor) does not read it; its "
                                          "loss is the PPO of the top-level keys (ROLL's PG worker reads it)")
+    out.update(_infer_lora_keys(cfg))
     if cfg.sequence_length is not None:
         for key in ("prompt_length", "response_length"):
             if _differs(cfg, key):
@@ -126,6 +127,17 @@ def _differs(obj: Any, name: str) -> bool:
     f = {f.name: f for f in dataclasses.fields(obj)}[name]
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
     return getattr(obj, name) != default
+
+
+def _infer_lora_keys(cfg: schema.PipelineConfig) -> dict[str, str]:
+    """actor_infer's lora_* keys: the adapter comes from actor_train at each sync; only rank and alpha are read
+    (checked to agree with the trainer's), and nothing is read when actor_train trains no adapter."""
+    infer, default = cfg.actor_infer.model_args, schema.ModelArgs()
+    trained = bool(cfg.actor_train.model_args.lora_target)
+    keys = ("lora_target", "lora_dropout") + (() if trained else ("lora_rank", "lora_alpha"))
+    why = ("actor_infer takes the trainer's adapter at each weight sync (its lora_rank and lora_alpha are checked "
+           "to agree)" if trained else "actor_train trains no LoRA adapter")
+    return {f"actor_infer.model_args.{k}": why for k in keys if getattr(infer, k) != getattr(default, k)}
 
 
 def _rollout_only_inert(cfg: schema.PipelineConfig) -> dict[str, str]:

@@ -197,3 +197,13 @@ def test_the_lora_example_loads_with_rolls_keys_on_deepspeed(roll_examples):
 def test_lora_combinations_we_do_not_build_stop_at_load(roll_examples, capsys, overrides, key, words):
     status, _, err = dry_run(roll_examples, LORA, capsys, *overrides)
     assert status == 2 and key in err and words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_actor_infer_lora_keys_are_named_in_the_warning(roll_examples):
+    loaded = load_config(LORA[:-5].split("/")[1], roll_examples / "qwen2.5-0.5B-agentic",
+                         ["actor_train.strategy_args.strategy_name=deepspeed_train",
+                          "++actor_train.strategy_args.strategy_config={zero_optimization: {stage: 2}}"])
+    assert "trainer's adapter" in loaded.inert["actor_infer.model_args.lora_target"]
+    assert "actor_infer.model_args.lora_rank" not in loaded.inert  # read: checked against the trainer's
+    plain = load_config("agentic_sokoban", overrides=["+actor_infer.model_args.lora_target=all-linear"])
+    assert "trains no LoRA adapter" in plain.inert["actor_infer.model_args.lora_target"]
