@@ -69,8 +69,8 @@ ROLLOUT_ROLES = ("actor_infer",)
 
 
 def _check_lora(cfg: schema.PipelineConfig) -> None:
-    """LoRA and freezing are built for deepspeed_train (ZeRO 0-2) on actor_train; an actor_infer that sets its own
-    lora_* keys must describe the trainer's adapter."""
+    """LoRA and freezing are built for deepspeed_train (ZeRO 0-2) and megatron_train (dense models, megatron's
+    local layers) on actor_train; an actor_infer that sets its own lora_* keys must describe the trainer's adapter."""
     for role in ("critic", "reference", "reward"):
         worker = getattr(cfg, role)
         if worker is not None and (worker.model_args.lora_target or worker.model_args.freeze_module_prefix):
@@ -81,9 +81,25 @@ def _check_lora(cfg: schema.PipelineConfig) -> None:
     if not (ma.lora_target or ma.freeze_module_prefix):
         return
     key = f"actor_train.model_args.{'lora_target' if ma.lora_target else 'freeze_module_prefix'}"
-    if train.strategy_args.strategy_name != "deepspeed_train":
-        raise ConfigError(key, f"LoRA and freezing are built for deepspeed_train, not {train.strategy_args.strategy_name}")
-    stage = ((train.strategy_args.strategy_config or {}).get("zero_optimization") or {}).get("stage", 0)
+    strategy, sc = train.strategy_args.strategy_name, train.strategy_args.strategy_config or {}
+    if strategy not in ("deepspeed_train", "megatron_train"):
+        raise ConfigError(key, f"LoRA and freezing are built for deepspeed_train and megatron_train, not {strategy}")
+    if strategy == "megatron_train" and ma.lora_target:
+        from roll.models.megatron_lora import megatron_targets
+
+        try:
+            megatron_targets(ma.lora_target)
+        except ValueError as e:
+            raise ConfigError(key, str(e)) from None
+        if sc.get("sequence_parallel") and int(sc.get("tensor_model_parallel_size") or 1) > 1:
+            # the adapter's whole halves would see sequence shards; megatron's local layers (what peft wraps)
+            # need apex for sequence parallel, so this combination was never run here
+            raise ConfigError("actor_train.strategy_args.strategy_config.sequence_parallel", "LoRA on megatron_train "
+                              "runs without sequence parallel; set it to false")
+        if sc.get("transformer_impl") == "transformer_engine":
+            raise ConfigError("actor_train.strategy_args.strategy_config.transformer_impl", "LoRA on megatron_train "
+                              "wraps megatron-core's local parallel linears (peft); set it to auto or local")
+    stage = (sc.get("zero_optimization") or {}).get("stage", 0)
     if ma.lora_target and stage == 3:
         raise ConfigError(key, "LoRA runs with ZeRO stages 0-2 (the adapter is small: stage 2 shards its optimizer "
                           "state; stage 3 would gather the frozen base weights for every sync)")

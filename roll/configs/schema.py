@@ -69,14 +69,17 @@ class ModelArgs:
         None, "Train LoRA adapters (peft) instead of the whole model, on these modules: comma-separated module names "
         "(q_proj,v_proj), 'all-linear' (every linear layer but the output head), or a regular expression over module "
         "paths (any of * $ | ( in it). Unset: no LoRA. actor_train: the adapters are trained; the reference policy is "
-        "the same model with its adapters off. actor_infer: receives the adapter (hf_infer) or merged weights "
-        "(vllm, sglang); its own lora_* keys, when set, must describe the same adapter.")
+        "the same model with its adapters off. On megatron_train (dense models): all-linear, megatron's layer names "
+        "(linear_qkv, linear_proj, linear_fc1, linear_fc2) or HF names covering each fused layer whole "
+        "(q_proj,k_proj,v_proj together; gate_proj,up_proj together). actor_infer: receives the adapter (hf_infer) "
+        "or merged weights (vllm, sglang); its own lora_* keys, when set, must describe the same adapter.")
     lora_rank: int = opt(8, "LoRA rank r (with lora_target).")
     lora_alpha: int | None = opt(None, "LoRA scale numerator: the update is (lora_alpha / lora_rank) B A. Unset: 2 x lora_rank.")
     lora_dropout: float = opt(0.0, "Dropout on the LoRA branch's input during training.")
     freeze_module_prefix: str | None = opt(
         None, "Full fine-tuning with these parameters frozen: comma-separated prefixes of parameter names "
-        "(model.embed_tokens,model.layers.0). They get no gradient and no optimizer state.")
+        "(model.embed_tokens,model.layers.0; on megatron_train megatron-core's names: embedding,decoder.layers.0). "
+        "They get no gradient and no optimizer state.")
 
 
 @dataclass

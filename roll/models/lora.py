@@ -61,14 +61,15 @@ def add_adapter(model: torch.nn.Module, config: Any) -> torch.nn.Module:
     return peft_model
 
 
-def freeze(model: torch.nn.Module, prefixes: str | None) -> list[str]:
-    """Freeze every parameter whose name starts with one of the comma-separated ``prefixes``; returns them."""
+def freeze(model: torch.nn.Module, prefixes: str | None, strict: bool = True) -> list[str]:
+    """Freeze every parameter whose name starts with one of the comma-separated ``prefixes``; returns them.
+    ``strict``: a prefix list that names nothing is an error (not for one part of a split model)."""
     wanted = [p.strip() for p in (prefixes or "").split(",") if p.strip()]
     frozen = [name for name, param in model.named_parameters() if any(name.startswith(p) for p in wanted)]
     for name, param in model.named_parameters():
         if name in frozen:
             param.requires_grad_(False)
-    if wanted and not frozen:
+    if strict and wanted and not frozen:
         raise ValueError(f"freeze_module_prefix {prefixes!r} matches no parameter of the model")
     return frozen
 

@@ -190,10 +190,10 @@ def _layer_to_megatron(p: dict[str, torch.Tensor], L: GPTLayout, i: int) -> Tens
 
     attn_norm = "self_attention.linear_qkv.layer_norm_weight" if L.fused_norms else "input_layernorm.weight"
     out[attn_norm] = take("input_layernorm.weight")
-    out["self_attention.linear_qkv.weight"] = _interleave_qkv(
+    out["self_attention.linear_qkv.weight"] = interleave_qkv(
         take("self_attn.q_proj.weight"), take("self_attn.k_proj.weight"), take("self_attn.v_proj.weight"), L)
     if L.qkv_bias:
-        out["self_attention.linear_qkv.bias"] = _interleave_qkv(
+        out["self_attention.linear_qkv.bias"] = interleave_qkv(
             take("self_attn.q_proj.bias"), take("self_attn.k_proj.bias"), take("self_attn.v_proj.bias"), L)
     out["self_attention.linear_proj.weight"] = take("self_attn.o_proj.weight")
     if L.qk_norm:
@@ -229,10 +229,10 @@ def _layer_to_hf(p: dict[str, torch.Tensor], L: GPTLayout, i: int) -> Tensors:
     take = _taker(p, "megatron", i)
     out["input_layernorm.weight"] = take(
         "self_attention.linear_qkv.layer_norm_weight" if L.fused_norms else "input_layernorm.weight")
-    q, k, v = _split_qkv(take("self_attention.linear_qkv.weight"), L)
+    q, k, v = split_qkv(take("self_attention.linear_qkv.weight"), L)
     out.update({"self_attn.q_proj.weight": q, "self_attn.k_proj.weight": k, "self_attn.v_proj.weight": v})
     if L.qkv_bias:
-        q, k, v = _split_qkv(take("self_attention.linear_qkv.bias"), L)
+        q, k, v = split_qkv(take("self_attention.linear_qkv.bias"), L)
         out.update({"self_attn.q_proj.bias": q, "self_attn.k_proj.bias": k, "self_attn.v_proj.bias": v})
     out["self_attn.o_proj.weight"] = take("self_attention.linear_proj.weight")
     if L.qk_norm:
@@ -267,7 +267,7 @@ def _expert_name(fc: int, e: int, L: GPTLayout) -> str:
     return f"mlp.experts.local_experts.{e}.linear_fc{fc}.weight"
 
 
-def _interleave_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, L: GPTLayout) -> torch.Tensor:
+def interleave_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, L: GPTLayout) -> torch.Tensor:
     """[Q of group 0, K0, V0, Q of group 1, K1, V1, ...]: megatron's fused QKV row order, which keeps
     whole key/value groups together when the rows are split over tensor-parallel ranks."""
     g, d = L.num_kv_heads, L.head_dim
@@ -277,7 +277,7 @@ def _interleave_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, L: GPTLay
     return torch.cat(parts, dim=1).reshape(g * (per + 2) * d, *tail)
 
 
-def _split_qkv(qkv: torch.Tensor, L: GPTLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def split_qkv(qkv: torch.Tensor, L: GPTLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g, d = L.num_kv_heads, L.head_dim
     per = L.num_heads // g
     tail = qkv.shape[1:]

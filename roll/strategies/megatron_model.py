@@ -95,8 +95,14 @@ def transformer_config_kwargs(hf_config: Any, mc: MegatronConfig, dtype: str | N
     return kw
 
 
-def use_transformer_engine(mc: MegatronConfig) -> bool:
-    """Transformer Engine layers when asked for or (auto) installed; grouped GEMM needs them."""
+def use_transformer_engine(mc: MegatronConfig, lora: bool = False) -> bool:
+    """Transformer Engine layers when asked for or (auto) installed; grouped GEMM needs them. LoRA runs on
+    megatron-core's own (local) layers, which peft's tensor-parallel adapter wraps."""
+    if lora:
+        if mc.transformer_impl == "transformer_engine":
+            raise ValueError("strategy_config.transformer_impl 'transformer_engine' with LoRA: peft's adapter wraps "
+                             "megatron-core's local parallel linears; set transformer_impl to auto or local")
+        return False
     try:
         import transformer_engine  # noqa: F401
 

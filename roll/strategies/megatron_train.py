@@ -36,6 +36,7 @@ import torch
 from roll.configs.strategy_configs import check_megatron_model, parse_strategy_config
 from roll.distributed.batch import Batch
 from roll.models.logprobs import values_before_tokens
+from roll.models.lora import freeze
 from roll.models.megatron_convert import (
     ParallelRank,
     hf_to_megatron,
@@ -43,6 +44,18 @@ from roll.models.megatron_convert import (
     merge,
     shard,
     unfuse_experts,
+)
+from roll.models.megatron_lora import (
+    add_megatron_adapter,
+    hf_adapter_sizes,
+    hf_lora_config,
+    local_adapter_tensors,
+    lora_to_hf,
+    megatron_targets,
+    merged_local_state,
+    save_hf_adapter,
+    set_adapters,
+    split_halves,
 )
 from roll.strategies.backends import check_backend
 from roll.strategies.base import (
@@ -105,7 +118,11 @@ class MegatronTrainStrategy(TrainStrategy):
         self.model: list[Any] = []
         self.optimizer: Any = None
         self.schedule: LRSchedule | None = None
-        self._sizes: list[tuple[str, int]] | None = None
+        self._sizes: dict[bool, list[tuple[str, int]]] = {}
+        ma = worker_config.model_args
+        # LoRA: the megatron layers that carry an adapter (validated at config load)
+        self.lora_targets = megatron_targets(ma.lora_target) if ma.lora_target else []
+        self.partial = bool(self.lora_targets or ma.freeze_module_prefix)
 
     # --- set-up
     def initialize(self) -> None:
@@ -136,7 +153,7 @@ class MegatronTrainStrategy(TrainStrategy):
         check_megatron_model(mc, hc.num_hidden_layers, hc.num_attention_heads,
                              getattr(hc, "num_key_value_heads", None) or hc.num_attention_heads, self.where,
                              num_experts=int(getattr(hc, "num_experts", 0) or getattr(hc, "num_local_experts", 0) or 0))
-        use_te = use_transformer_engine(mc)
+        use_te = use_transformer_engine(mc, lora=bool(self.lora_targets))
         self.layout = layout_for(hc, mc, use_te)
         vpp = mc.virtual_pipeline_model_parallel_size
         for v in range(vpp or 1):
@@ -146,6 +163,8 @@ class MegatronTrainStrategy(TrainStrategy):
                 chunk.output_layer = ValueOutput(hc.hidden_size, chunk.config.sequence_parallel, chunk.config.params_dtype)
             self.model.append(chunk.to(self.device))
         self._load_hf_weights()
+        if self.partial:
+            self._adapt_or_freeze()
         if self.trains:
             self._wrap_for_training()
         log.info("%s: megatron-core model ready (tp=%d pp=%d vpp=%s cp=%d ep=%d, dp=%d, TE layers=%s)", self.role,
@@ -184,6 +203,24 @@ class MegatronTrainStrategy(TrainStrategy):
                                    f"unexpected {result.unexpected_keys[:5]})")
         del full
         gc.collect()
+
+    def _adapt_or_freeze(self) -> None:
+        """LoRA adapters on the target layers (only they train), or freeze_module_prefix's parameters."""
+        ma = self.config.model_args
+        if self.layout.num_experts and self.lora_targets:
+            raise ValueError(f"{self.role}.model_args.lora_target: LoRA on megatron_train is built for dense models; "
+                             f"{self.hf_config.model_type} has experts")
+        if self.lora_targets:
+            adapted = sum(add_megatron_adapter(chunk, ma, self.lora_targets) for chunk in self.model)
+            log.info("%s: LoRA rank %d on %d megatron layers (%s)", self.role, ma.lora_rank, adapted,
+                     ",".join(self.lora_targets))
+        else:
+            frozen = [name for chunk in self.model for name in freeze(chunk, ma.freeze_module_prefix, strict=False)]
+            # another pipeline stage may hold what a prefix names; with one stage, naming nothing is a mistake
+            if not frozen and self.mc.pipeline_model_parallel_size == 1:
+                raise ValueError(f"{self.role}.model_args.freeze_module_prefix {ma.freeze_module_prefix!r} matches no "
+                                 "parameter of the megatron model (megatron-core names, e.g. embedding.word_embeddings, "
+                                 "decoder.layers.0)")
 
     def _wrap_for_training(self) -> None:
         from megatron.core.distributed import (
@@ -319,10 +356,20 @@ class MegatronTrainStrategy(TrainStrategy):
             return torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
         return torch.cat([r["result"].float().cpu() for r in results])[: len(batch)]
 
-    def compute_log_probs(self, batch: Batch) -> torch.Tensor:
+    def compute_log_probs(self, batch: Batch, adapters: bool = True) -> torch.Tensor:
+        """Log-probs of the current policy; ``adapters=False``: of the base model under a LoRA adapter (the
+        reference policy of a LoRA run, with no second copy of the weights)."""
         if self.is_critic:
             raise RuntimeError("the critic has no log-probs")
-        return self._forward_only(batch, "logprobs")
+        if adapters or not self.lora_targets:
+            return self._forward_only(batch, "logprobs")
+        for chunk in self._local_chunks():
+            set_adapters(chunk, False)
+        try:
+            return self._forward_only(batch, "logprobs")
+        finally:
+            for chunk in self._local_chunks():
+                set_adapters(chunk, True)
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         if not self.is_critic:
@@ -365,9 +412,12 @@ class MegatronTrainStrategy(TrainStrategy):
     def _local_chunks(self) -> list[Any]:
         return [getattr(m, "module", m) for m in self.model]
 
-    def _hf_weights_of_this_stage(self) -> dict[str, torch.Tensor]:
-        """This pipeline stage's weights, whole (tensor / expert shards gathered), in HF names.
-        Collective over the tensor and expert groups."""
+    def _hf_weights_of_this_stage(self, adapters: bool = False) -> dict[str, torch.Tensor]:
+        """This pipeline stage's weights, whole (tensor / expert shards gathered), in HF names; under LoRA with
+        the adapter merged in, or (``adapters``) the adapter's tensors alone in HF peft names. Collective over the
+        tensor and expert groups."""
+        if adapters:
+            return self._hf_adapter_of_this_stage()
         from megatron.core import parallel_state as ps
 
         if self.trains and self.mc.overlap_param_gather:  # the last step's parameter all-gather may be pending
@@ -376,7 +426,8 @@ class MegatronTrainStrategy(TrainStrategy):
         tp_group, ep_group = ps.get_tensor_model_parallel_group(), ps.get_expert_model_parallel_group()
         parts = []
         for v, chunk in enumerate(self._local_chunks()):
-            local = {k: t.detach() for k, t in chunk.state_dict().items()
+            state = merged_local_state(chunk) if self.lora_targets else chunk.state_dict()
+            local = {k: t.detach() for k, t in state.items()
                      if torch.is_tensor(t) and not k.endswith("_extra_state") and "value_head" not in k}
             # tensor shards (expert tensor ranks follow tensor ranks; merge() drops their duplicates)
             gathered = _all_gather_dicts(local, tp_group)
@@ -389,27 +440,53 @@ class MegatronTrainStrategy(TrainStrategy):
         full = merge([(p, {k: t.to("cpu", copy=True) for k, t in d.items()}) for p, d in parts], self.layout)
         return megatron_to_hf(full, self.layout)
 
-    def weight_sizes(self) -> list[tuple[str, int]]:
-        """(HF name, bytes) of every synced weight, from the HF config alone (no collective: only
+    def _hf_adapter_of_this_stage(self) -> dict[str, torch.Tensor]:
+        """This stage's LoRA tensors, whole, in HF peft names (a fused layer's A for each of its HF layers, its
+        B split by rows). Collective over the tensor group."""
+        from megatron.core import parallel_state as ps
+
+        tp_group = ps.get_tensor_model_parallel_group()
+        a_parts, b_parts = [], []
+        for v, chunk in enumerate(self._local_chunks()):
+            a, b = local_adapter_tensors(chunk)
+            positions = _all_gather_objects(self.rank_position(v), tp_group)
+            for pos, a_r, b_r in zip(positions, _all_gather_dicts(a, tp_group), _all_gather_dicts(b, tp_group)):
+                whole_a, whole_b = split_halves(a_r, b_r, pos.tp_rank)
+                a_parts.append((pos, {k: t.to("cpu", copy=True) for k, t in whole_a.items()}))
+                b_parts.append((pos, {k: t.to("cpu", copy=True) for k, t in whole_b.items()}))
+        return lora_to_hf(merge(a_parts, self.layout), merge(b_parts, self.layout), self.layout)
+
+    def adapter_config(self) -> dict[str, Any] | None:
+        """The HF-side peft config of the LoRA adapter (JSON-able), or None without LoRA."""
+        if not self.lora_targets:
+            return None
+        return hf_lora_config(self.config.model_args, self.lora_targets, self.model_path)
+
+    def weight_sizes(self, adapters: bool = False) -> list[tuple[str, int]]:
+        """(HF name, bytes) of every synced tensor, from the HF config alone (no collective: only
         rank 0 asks)."""
-        if self._sizes is None:
+        if adapters not in self._sizes:
             from transformers import AutoModelForCausalLM
 
             dtype = self._local_chunks()[0].config.params_dtype
             with torch.device("meta"):
                 meta = AutoModelForCausalLM.from_config(self.hf_config, dtype=dtype)
-            names = unfuse_experts(dict(meta.state_dict()))
-            if self.layout.tied_embeddings:
-                names.pop("lm_head.weight", None)
-            self._sizes = [(n, t.numel() * t.element_size()) for n, t in names.items() if "rotary_emb" not in n]
-        return self._sizes
+            if adapters:
+                self._sizes[adapters] = hf_adapter_sizes(meta, self.adapter_config())
+            else:
+                names = unfuse_experts(dict(meta.state_dict()))
+                if self.layout.tied_embeddings:
+                    names.pop("lm_head.weight", None)
+                self._sizes[adapters] = [(n, t.numel() * t.element_size()) for n, t in names.items()
+                                         if "rotary_emb" not in n]
+        return self._sizes[adapters]
 
-    def weight_buckets(self, bucket_bytes: int = 256 << 20) -> Iterator[NamedTensors]:
+    def weight_buckets(self, bucket_bytes: int = 256 << 20, adapters: bool = False) -> Iterator[NamedTensors]:
         """HF-named buckets, in pipeline-stage order, arriving on global rank 0 (every rank must walk
-        them: the gathers and sends are collective)."""
+        them: the gathers and sends are collective). ``adapters``: the LoRA adapter's tensors only."""
         from megatron.core import parallel_state as ps
 
-        mine = self._hf_weights_of_this_stage()
+        mine = self._hf_weights_of_this_stage(adapters)
         if ps.get_tensor_model_parallel_rank() != 0 or ps.get_data_parallel_rank(with_context_parallel=True) != 0:
             return  # only the pipeline group of global rank 0 moves the weights on
         pp_group = ps.get_pipeline_model_parallel_group()
@@ -454,8 +531,13 @@ class MegatronTrainStrategy(TrainStrategy):
         rank = torch.distributed.get_rank()
         folder = os.path.join(path, self.role)
         os.makedirs(folder, exist_ok=True)
+        if self.lora_targets:  # the adapter as peft saves it, loadable from outside (PeftModel.from_pretrained)
+            tensors = {n: t for bucket in self.weight_buckets(adapters=True) for n, t in bucket}
+            if rank == 0:
+                save_hf_adapter(os.path.join(path, "adapter"), tensors, self.adapter_config())
         state = {
-            "model": [c.state_dict() for c in self._local_chunks()],
+            # LoRA / freezing: the trained tensors only (the frozen ones come from the model path)
+            "model": [self._trained_state(c) for c in self._local_chunks()],
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "lr_schedule": self.schedule.state_dict() if self.schedule is not None else None,
             "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
@@ -474,7 +556,12 @@ class MegatronTrainStrategy(TrainStrategy):
             raise FileNotFoundError(f"no {self.role} checkpoint for rank {rank} in {path}")
         state = torch.load(file, map_location="cpu", weights_only=False)
         for chunk, sd in zip(self._local_chunks(), state["model"]):
-            chunk.load_state_dict(sd)
+            result = chunk.load_state_dict(sd, strict=not self.partial)
+            trained = self._trained_state(chunk).keys()
+            missing = [k for k in result.missing_keys if k in trained]
+            if missing or result.unexpected_keys:
+                raise RuntimeError(f"{self.role} checkpoint {file} does not fit the model (missing {missing[:5]}, "
+                                   f"unexpected {result.unexpected_keys[:5]})")
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
             if self.mc.use_distributed_optimizer:
@@ -488,6 +575,13 @@ class MegatronTrainStrategy(TrainStrategy):
         torch.set_rng_state(rng["torch"])
         if rng["cuda"] is not None:
             torch.cuda.set_rng_state_all(rng["cuda"])
+
+    def _trained_state(self, chunk: Any) -> dict[str, Any]:
+        state = chunk.state_dict()
+        if not self.partial:
+            return state
+        trained = {n for n, p in chunk.named_parameters() if p.requires_grad}
+        return {k: v for k, v in state.items() if k in trained}
 
     def _mp_id(self) -> str:
         r = self.rank_position()

@@ -70,14 +70,26 @@ def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[
     return torch.randint(10, vocab, (n, length), generator=g).tolist()
 
 
-def hf_logprobs(path: str, sequences: list[list[int]], state: dict | None = None) -> list[list[float]]:
-    """log p(x_t | x_<t) for t >= 1 of each sequence, fp32 HF forward on the GPU."""
+def hf_logprobs(path: str, sequences: list[list[int]], state: dict | None = None,
+                adapter: tuple[dict, dict] | None = None) -> list[list[float]]:
+    """log p(x_t | x_<t) for t >= 1 of each sequence, fp32 HF forward on the GPU; ``state``: weights to load
+    first; ``adapter``: (peft config, tensors in peft names) of a LoRA adapter to apply (peft)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
     if state is not None:
         model.load_state_dict(state, strict=False)
+    if adapter is not None:
+        from peft import LoraConfig, inject_adapter_in_model
+
+        config, tensors = adapter
+        inject_adapter_in_model(LoraConfig(**{k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__}),
+                                model)
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, t in tensors.items():
+                params[name.removeprefix("base_model.model.")].copy_(t)
     out = []
     with torch.no_grad():
         for seq in sequences:

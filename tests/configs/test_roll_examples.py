@@ -25,8 +25,6 @@ REFUSED = {
     "agentic_demo/openreward_endless_terminals_reinforce_qwen35_2b.yaml": ("env_manager_cls", "not shipped"),
     # a rollout-only config: start_agentic_rollout_pipeline.py runs it (test below)
     "qwen2.5-0.5B-agentic/agentic_rollout_sokoban.yaml": ("actor_train", "start_agentic_rollout_pipeline.py"),
-    "qwen2.5-0.5B-agentic/agentic_val_sokoban_lora.yaml": ("actor_train.model_args.lora_target",
-                                                           "built for deepspeed_train, not megatron_train"),
     "qwen2.5-0.5B-agentic/agentic_val_sokoban_agent_runner.yaml": ("agent_runner_cls", "agent runners"),
     "qwen2.5-0.5B-agentic/agentic_val_sokoban_native.yaml": ("env_manager_cls", "agent-native env manager"),
     "qwen2.5-0.5B-agentic/agentic_val_sokoban_sandbox.yaml": ("env_type", "'sokoban_sandbox' is not shipped"),
@@ -176,18 +174,44 @@ def test_include_stop_str_false_is_refused(capsys):
 LORA = "qwen2.5-0.5B-agentic/agentic_val_sokoban_lora.yaml"
 
 
-def test_the_lora_example_loads_with_rolls_keys_on_deepspeed(roll_examples):
-    """ROLL's LoRA example trains with megatron_train, for which LoRA is not built here (refused at load, below);
-    on deepspeed_train it loads with ROLL's keys and meaning."""
-    cfg = load_config(LORA[:-5].split("/")[1], roll_examples / "qwen2.5-0.5B-agentic",
-                      ["actor_train.strategy_args.strategy_name=deepspeed_train",
-                       "++actor_train.strategy_args.strategy_config={zero_optimization: {stage: 2}}"]).config
+def test_the_lora_example_loads_unchanged_with_rolls_keys(roll_examples):
+    """ROLL's LoRA example trains adapters with megatron_train: it loads as it is, with ROLL's keys and meaning."""
+    cfg = load_config(LORA[:-5].split("/")[1], roll_examples / "qwen2.5-0.5B-agentic").config
+    assert cfg.actor_train.strategy_args.strategy_name == "megatron_train"
     ma = cfg.actor_train.model_args
     assert (ma.lora_target, ma.lora_rank, ma.lora_alpha) == ("all-linear", 32, 32)
+    deepspeed = load_config(LORA[:-5].split("/")[1], roll_examples / "qwen2.5-0.5B-agentic",
+                            ["actor_train.strategy_args.strategy_name=deepspeed_train",
+                             "++actor_train.strategy_args.strategy_config={zero_optimization: {stage: 2}}"]).config
+    assert deepspeed.actor_train.model_args.lora_target == "all-linear"
+
+
+MEGATRON_TP2 = "++actor_train.strategy_args.strategy_config.tensor_model_parallel_size=2"
 
 
 @pytest.mark.parametrize("overrides, key, words", [
-    (("actor_train.strategy_args.strategy_name=megatron_train",), "actor_train.model_args.lora_target", "deepspeed_train"),
+    (("actor_train.model_args.lora_target='q_proj,v_proj'",), "actor_train.model_args.lora_target",
+     "fused linear_qkv (q_proj,k_proj,v_proj), which takes one adapter: add k_proj"),
+    (("actor_train.model_args.lora_target=all-embedding",), "lora_target", "linear layers only"),
+    (("actor_train.model_args.lora_target='.*attn.*'",), "lora_target", "regular expressions match HF module paths"),
+    ((MEGATRON_TP2, "++actor_train.strategy_args.strategy_config.sequence_parallel=true"),
+     "strategy_config.sequence_parallel", "without sequence parallel"),
+    (("++actor_train.strategy_args.strategy_config.transformer_impl=transformer_engine",),
+     "strategy_config.transformer_impl", "local parallel linears"),
+])
+def test_lora_on_megatron_stops_at_load_where_it_cannot_run(roll_examples, capsys, overrides, key, words):
+    status, _, err = dry_run(roll_examples, LORA, capsys, *overrides)
+    assert status == 2 and key in err and words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_lora_on_megatron_takes_whole_fused_groups_by_hf_names(roll_examples, capsys):
+    status, _, err = dry_run(roll_examples, LORA, capsys, "actor_train.model_args.lora_target='q_proj,k_proj,v_proj,o_proj'")
+    assert status == 0, err
+
+
+@pytest.mark.parametrize("overrides, key, words", [
+    (("actor_train.strategy_args.strategy_name=megatron_infer",), "actor_train.model_args.lora_target",
+     "deepspeed_train and megatron_train"),
     (("actor_train.strategy_args.strategy_name=deepspeed_train",
       "++actor_train.strategy_args.strategy_config={zero_optimization: {stage: 3}}"), "lora_target", "ZeRO stages 0-2"),
     (("actor_train.strategy_args.strategy_name=deepspeed_train",

@@ -93,11 +93,11 @@ def test_qkv_rows_are_interleaved_per_key_value_group() -> None:
     q = torch.tensor([[10.0], [11.0], [12.0], [13.0]])
     k = torch.tensor([[20.0], [21.0]])
     v = torch.tensor([[30.0], [31.0]])
-    from roll.models.megatron_convert import _interleave_qkv, _split_qkv
+    from roll.models.megatron_convert import interleave_qkv, split_qkv
 
-    fused = _interleave_qkv(q, k, v, layout)
+    fused = interleave_qkv(q, k, v, layout)
     assert fused.flatten().tolist() == [10, 11, 20, 30, 12, 13, 21, 31]
-    q2, k2, v2 = _split_qkv(fused, layout)
+    q2, k2, v2 = split_qkv(fused, layout)
     assert torch.equal(q2, q) and torch.equal(k2, k) and torch.equal(v2, v)
 
 

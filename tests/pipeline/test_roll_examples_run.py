@@ -40,7 +40,7 @@ def tree(tmp_path_factory):
 
 def scaled(tree, name, model, out, *extra, rollout_only=False):
     folder = tree / EXP
-    # the CPU trainer from the start: ROLL's LoRA example names megatron_train, for which LoRA is not built here
+    # the CPU trainer from the start (megatron-core needs CUDA; its LoRA is checked on CPU in tests/strategies)
     cpu_trainer = [] if rollout_only else ["actor_train.strategy_args.strategy_name=deepspeed_train",
                                            "++actor_train.strategy_args.strategy_config=null"]
     base = load_config(name[:-5], folder, cpu_trainer, rollout_only=rollout_only).config

@@ -65,6 +65,27 @@ def _worker(rank: int, port: int, path: str, layout: dict, ref: np.ndarray, queu
     torch.distributed.barrier()
 
 
+def attended_positions(batch) -> torch.Tensor:
+    """Where _batch's rows have a log-prob: attended, not a row's first attended token."""
+    attended = batch["attention_mask"].bool().clone()
+    attended[:, 0] = False
+    attended[2, 2] = False
+    return attended
+
+
+def run_two_ranks(worker, *args) -> list:
+    """Run ``worker(rank, port, *args, queue)`` in two spawned processes; what each put on the queue, by rank."""
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), _free_port()
+    procs = [ctx.Process(target=worker, args=(r, port, *args, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = sorted((queue.get(timeout=600) for _ in procs), key=lambda r: r[0])
+    for p in procs:
+        p.join(timeout=120)
+    return results
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -96,19 +117,9 @@ def main() -> None:
         ds.initialize()
         ds.train_step(with_old_logprobs(batch, ref), ppo_loss_fn)
         refs[gas] = ds.compute_log_probs(batch)
-    attended = batch["attention_mask"].bool().clone()
-    attended[:, 0] = False
-    attended[2, 2] = False
-    ctx = mp.get_context("spawn")
+    attended = attended_positions(batch)
     for name, layout in LAYOUTS.items():
-        queue = ctx.Queue()
-        port = _free_port()
-        procs = [ctx.Process(target=_worker, args=(r, port, path, layout, ref.numpy(), queue)) for r in range(2)]
-        for p in procs:
-            p.start()
-        results = sorted((queue.get(timeout=600) for _ in procs), key=lambda r: r[0])
-        for p in procs:
-            p.join(timeout=120)
+        results = run_two_ranks(_worker, path, layout, ref.numpy())
         collectors = [r for r in results if r[1][2]]
         expected = refs[4] if name == "dp2" else refs[2]
         figures = {
