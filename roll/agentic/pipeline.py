@@ -167,7 +167,7 @@ class AgenticPipeline:
 
         from envs.registration import load_entry_point
         from roll.distributed.cluster import Cluster
-        from roll.distributed.resources import ResourceManager, ray_init
+        from roll.distributed.resources import ResourceManager, check_devices_fit, cluster_node_gpus, ray_init
         from roll.workers import DEFAULT_WORKERS
 
         cfg = self.cfg
@@ -175,6 +175,9 @@ class AgenticPipeline:
         devices = sorted({d for r in roles for d in getattr(cfg, r).device_mapping})
         use_gpu = torch.cuda.is_available()
         ray_init(num_cpus=None if use_gpu else max(os.cpu_count() or 1, 1), object_store_mb=int(os.environ.get("ROLL_OBJECT_STORE_MB", "1024")))
+        if use_gpu:  # CPU slots are virtual; GPUs must exist, or the placement group would wait for them
+            check_devices_fit({r: getattr(cfg, r).device_mapping for r in roles}, cfg.num_gpus_per_node,
+                              cluster_node_gpus())
         self.resources = ResourceManager(devices, cfg.num_gpus_per_node, use_gpu=use_gpu)
         colocated = max(sum(d in getattr(cfg, r).device_mapping for r in roles) for d in devices)
         self.colocated_roles = sorted(r for r in roles if any(

@@ -24,6 +24,7 @@ import torch
 
 from roll.agentic.conversation import ChatTemplate
 from roll.agentic.env_managers.base import EnvError, EnvSlot, EpisodeLimits, EpisodeRequest, Trajectory
+from roll.agentic.env_monitor import ActiveEpisode, ActivityMonitor
 from roll.agentic.render import write_trajectory
 from roll.configs.shipped import TRAJ_MANAGER, roll_class
 from roll.distributed.batch import Batch
@@ -134,8 +135,10 @@ class RolloutScheduler:
         render_count: int = 4,
         take_generation_stats: Callable[[], dict[str, float]] | None = None,
         fixed_seeds: bool = False,
+        monitor: Any = None,
     ) -> None:
         self.name = name
+        self.monitor = monitor  # env_monitor settings (enable, monitor_interval, hung_timeout); None: off
         self.fixed_seeds = fixed_seeds
         self.slots = slots
         self.em = em_config
@@ -172,27 +175,39 @@ class RolloutScheduler:
         requests = self.requests(step)
         trajectories: list[Trajectory] = []
         errors: list[EnvError] = []
-        if len(self.managers) == 1:
-            trajectories, errors = self._run_manager(0, requests)
-        else:
-            from concurrent.futures import ThreadPoolExecutor
+        with self._activity_monitor() as monitor:
+            if len(self.managers) == 1:
+                trajectories, errors = self._run_manager(0, requests)
+            else:
+                from concurrent.futures import ThreadPoolExecutor
 
-            ids = [{s.env_id for s in part} for _, part in self.placement]
-            with ThreadPoolExecutor(len(self.managers)) as pool:
-                parts = pool.map(lambda i: self._run_manager(i, [r for r in requests if r.slot.env_id in ids[i]]),
-                                 range(len(self.managers)))
-                for t, e in parts:
-                    trajectories += t
-                    errors += e
+                ids = [{s.env_id for s in part} for _, part in self.placement]
+                with ThreadPoolExecutor(len(self.managers)) as pool:
+                    parts = pool.map(lambda i: self._run_manager(i, [r for r in requests if r.slot.env_id in ids[i]]),
+                                     range(len(self.managers)))
+                    for t, e in parts:
+                        trajectories += t
+                        errors += e
         wall = time.perf_counter() - start
         self._check_healthy(trajectories, errors, n)
         chosen, incomplete, redundant = self._whole_groups(trajectories, n)
         batch = self.to_batch(chosen, step)
         metrics = self._metrics(chosen, errors, incomplete, wall)
         metrics[f"{self.name}/redundant_left_out"] = float(redundant)
+        metrics[f"{self.name}/env_hung_reports"] = float(monitor.reports)
         if self.render_dir is not None:
             self._render(chosen, step)
         return RolloutResult(batch, metrics, chosen)
+
+    def _activity_monitor(self) -> ActivityMonitor:
+        """The env monitor of one collection (interval 0: off). Managers without an activity record (a custom
+        worker_cls may lack one) are left out."""
+        m = self.monitor
+        on = m is not None and m.enable
+        sources = [(lambda i=i: self.managers[i].activity_snapshot()) for i, mgr in enumerate(self.managers)
+                   if hasattr(mgr, "activity_snapshot")]
+        return ActivityMonitor(self.name, sources, float(m.monitor_interval) if on else 0.0,
+                               float(m.hung_timeout) if on else 0.0)
 
     def _run_manager(self, index: int, requests: list[EpisodeRequest]) -> tuple[list[Trajectory], list[EnvError]]:
         """One manager's episodes. A manager actor that died is re-created for the next collection; its
@@ -384,6 +399,10 @@ class EnvManagerHost:
     def run(self, requests: list[EpisodeRequest]) -> tuple[list[Trajectory], list[EnvError]]:
         return self.manager.run(requests)
 
+    def activity(self) -> tuple[int, list[ActiveEpisode]]:
+        """Answered while run() is in flight (the actor runs two calls at once)."""
+        return self.manager.activity_snapshot()
+
 
 class RemoteManager:
     """Driver-side handle of an EnvManagerHost actor."""
@@ -403,6 +422,11 @@ class RemoteManager:
             tags = sorted({s.tag for s in self.slots})
             raise TimeoutError(f"env manager of {', '.join(tags)} (envs {self.slots[0].env_id}-{self.slots[-1].env_id}) "
                                f"did not finish its episodes within rpc_timeout={self.rpc_timeout} s") from None
+
+    def activity_snapshot(self) -> tuple[int, list[ActiveEpisode]]:
+        import ray
+
+        return ray.get(self.handle.activity.remote(), timeout=self.rpc_timeout or 60)
 
 
 def ray_factory(host_cls: type, tokenizer_path: str, params: SamplingParams, sequence_length: int, keep_frames: bool,
@@ -444,4 +468,5 @@ def make_rollout(cfg: Any, mode: str, template: ChatTemplate, factory_for: Calla
         render_dir=cfg.render_save_dir if render else None,
         take_generation_stats=take_stats,
         fixed_seeds=mode != "train",
+        monitor=cfg.env_monitor,
     )

@@ -26,6 +26,7 @@ _SECTIONS: list[tuple[str, type, str]] = [
     ("Env managers: train_env_manager, val_env_manager", schema.EnvManagerConfig, "<env_manager>"),
     ("custom_envs entries", schema.CustomEnvConfig, "custom_envs.<tag>"),
     ("reward_normalization", schema.RewardNormalizationConfig, "reward_normalization"),
+    ("env_monitor", schema.EnvMonitorConfig, "env_monitor"),
     ("train_infer_correction.is_weight", schema.TrainInferISWeight, "train_infer_correction.is_weight"),
     ("train_infer_correction.filters (each entry)", schema.TrainInferFilter, "train_infer_correction.filters[i]"),
     ("rollout_mock", schema.RolloutMock, "rollout_mock"),

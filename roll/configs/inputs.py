@@ -45,6 +45,22 @@ def check_inputs(cfg: schema.PipelineConfig, rollout_only: bool = False) -> None
         else:
             _check_replay(mock.dump_dir, cfg)
     _check_resume(cfg.resume_from_checkpoint, cfg.output_dir)
+    _check_local_gpus(cfg, rollout_only)
+
+
+def _check_local_gpus(cfg: schema.PipelineConfig, rollout_only: bool) -> None:
+    """On a GPU machine that starts its own Ray cluster, the devices named exist here (without a GPU, devices are
+    virtual CPU slots; a joined cluster is checked when Ray is up)."""
+    import torch
+
+    if not torch.cuda.is_available() or os.environ.get("RAY_ADDRESS"):
+        return
+    from roll.distributed.resources import check_devices_fit
+
+    roles = ["actor_infer"] if rollout_only else schema.ROLES
+    check_devices_fit({r: getattr(cfg, r).device_mapping for r in roles
+                       if getattr(cfg, r, None) is not None and isinstance(getattr(cfg, r).device_mapping, list)},
+                      cfg.num_gpus_per_node, [torch.cuda.device_count()])
 
 
 def _check_model(path: str, name: str | None) -> None:

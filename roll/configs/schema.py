@@ -283,6 +283,15 @@ class CustomEnvConfig:
 
 
 @dataclass
+class EnvMonitorConfig:
+    enable: bool = opt(True, "Report env activity while a rollout runs (a progress line, hung envs).")
+    monitor_interval: float = opt(30, "Seconds between two looks at every env during a rollout.")
+    hung_timeout: float = opt(
+        3600, "An env with no progress (no new turn, env call or generation) for this many seconds is reported once, "
+        "by tag, env id, seed, turn and phase. Reporting only: env_step_timeout and episode_timeout drop episodes.")
+
+
+@dataclass
 class RewardNormalizationConfig:
     grouping: str = opt(
         "batch",
@@ -495,6 +504,7 @@ class PipelineConfig:
     reward_normalization: RewardNormalizationConfig = opt(
         factory=RewardNormalizationConfig, help="Agentic reward normalisation (grouping, method)."
     )
+    env_monitor: EnvMonitorConfig = opt(factory=EnvMonitorConfig, help="Env activity reports during rollouts.")
     batch_adjust_mode: Literal["copy", "delete", "auto", "random_sample"] = opt(
         "copy", "How a collected batch is adjusted to a size the trainers divide."
     )

@@ -37,6 +37,39 @@ def ray_init(num_cpus: int | None = None, object_store_mb: int = 512, address: s
     )
 
 
+def check_devices_fit(mappings: dict[str, list[int]], num_gpus_per_node: int, node_gpus: list[int]) -> None:
+    """Every role's devices exist in a cluster whose nodes have ``node_gpus`` GPUs: global device d is GPU
+    d % num_gpus_per_node of config node d // num_gpus_per_node, and each config node needs a real node of its
+    own with that many GPUs. Raises ConfigError naming a role's device_mapping (before Ray waits for GPUs that
+    are not there)."""
+    from roll.configs.errors import ConfigError
+
+    per_node: dict[int, set[int]] = {}
+    owner: dict[int, str] = {}  # a device's first role, to name in the error
+    for role, devices in mappings.items():
+        for d in devices:
+            per_node.setdefault(d // num_gpus_per_node, set()).add(d % num_gpus_per_node)
+            owner.setdefault(d, role)
+    have = sorted(node_gpus, reverse=True)
+    if len(per_node) > len(have):
+        raise ConfigError(f"{owner[max(owner)]}.device_mapping", f"uses {len(per_node)} node(s) of num_gpus_per_node="
+                          f"{num_gpus_per_node} devices, but the cluster has {len(have)} node(s) with GPUs")
+    # the busiest config nodes on the largest real nodes: they fit if and only if this pairing does
+    need = sorted(per_node.items(), key=lambda kv: max(kv[1]) + 1, reverse=True)
+    for (node, local), gpus in zip(need, have):
+        if max(local) + 1 > gpus:
+            device = node * num_gpus_per_node + max(local)
+            raise ConfigError(f"{owner[device]}.device_mapping", f"device {device} is GPU {max(local)} of a node, but the "
+                              f"cluster's nodes have at most {gpus} GPU(s) there (num_gpus_per_node={num_gpus_per_node})")
+
+
+def cluster_node_gpus() -> list[int]:
+    """GPUs on each alive node of the Ray cluster this driver joined."""
+    import ray
+
+    return [int(n.get("Resources", {}).get("GPU", 0)) for n in ray.nodes() if n.get("Alive")]
+
+
 @dataclass(frozen=True)
 class Placement:
     bundle_index: int

@@ -341,3 +341,31 @@ def test_redundant_envs_keep_whole_groups_and_are_counted(tok):
     assert sorted(groups.count(g) for g in set(groups)) == [2, 2]
     # the kept episodes are each group's lowest-numbered envs
     assert [t.request.slot.env_id for t in result.trajectories] == [0, 1, 3, 4]
+
+
+def test_the_env_monitor_reports_progress_and_names_a_stuck_env(tok, caplog):
+    """With the env-call limit off, an env stuck in step for 1.5 s is reported once (tag, env, seed, turn, phase)
+    while the rollout runs, and the rollout then finishes it."""
+    cfg = config("+custom_envs.Hangs.env_type=hanging_sokoban", "+custom_envs.Hangs.entry_point=tests.agentic.support:HangingSokoban",
+                 "+custom_envs.Hangs.max_steps=4", "+custom_envs.Hangs.env_config={hang_s: 1.5}",
+                 "train_env_manager.tags=[Hangs]", "train_env_manager.num_env_groups=1", "train_env_manager.group_size=2",
+                 "train_env_manager.num_groups_partition=[1]", "rollout_batch_size=2", "train_env_manager.env_step_timeout=0",
+                 "env_monitor.monitor_interval=0.2", "env_monitor.hung_timeout=0.6")
+    HangingSokoban.hung.clear()
+    r, _ = rollout(cfg, tok, ScriptedPolicy(tok, ANSWERS))
+    with caplog.at_level("INFO", logger="roll.agentic.env_monitor"):
+        result = r.collect(2, step=0)
+    assert len(result.trajectories) == 2 and result.metrics["rollout/env_errors"] == 0  # slow, not dropped
+    assert result.metrics["rollout/env_hung_reports"] == 1.0  # both envs share the seed: one of them hangs
+    warning = next(rec.message for rec in caplog.records if "no progress" in rec.message)
+    assert "(Hangs, seed" in warning and "in env.step of turn 2" in warning and "hung_timeout=0.6" in warning
+    assert any("episodes finished" in rec.message and "running" in rec.message for rec in caplog.records)
+
+
+def test_the_env_monitor_can_be_switched_off(tok, caplog):
+    cfg = config("env_monitor.enable=false", "env_monitor.monitor_interval=0.01")
+    r, _ = rollout(cfg, tok, ScriptedPolicy(tok, ANSWERS))
+    with caplog.at_level("INFO", logger="roll.agentic.env_monitor"):
+        result = r.collect(8, step=0)
+    assert result.metrics["rollout/env_hung_reports"] == 0.0
+    assert not [rec for rec in caplog.records if rec.name == "roll.agentic.env_monitor"]

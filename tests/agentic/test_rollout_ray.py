@@ -39,6 +39,8 @@ def test_ray_env_managers_batch_generation_into_the_inference_worker(tiny_model_
         assert len(result.batch) == 8 and result.metrics["rollout/env_errors"] == 0
         assert result.metrics["rollout/mean_generate_batch"] > 1.0  # requests from both actors were batched
         assert result.batch["response_mask"].sum() > 0
+        finished, running = rollout.managers[0].activity_snapshot()  # the env monitor's view of an actor
+        assert finished == 4 and running == []
         # an env-manager actor that dies: its episodes are counted as lost, the others train, and the next
         # collection has it back
         ray.kill(rollout.managers[0].handle)

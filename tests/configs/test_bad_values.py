@@ -70,3 +70,38 @@ def test_a_device_range_of_a_hundred_million_fails_at_once(capsys):
     start = time.perf_counter()
     assert main(["--config_name", "agentic_sokoban", "--dry_run", "actor_train.device_mapping='list(range(0,100000000))'"]) == 2
     assert "actor_train.device_mapping" in capsys.readouterr().err and time.perf_counter() - start < 5
+
+
+def test_devices_beyond_this_machines_gpus_fail_dry_run(monkeypatch, capsys):
+    """On a GPU machine, a mapping that names more GPUs than it has stops at load (Ray would wait 10 minutes
+    for a placement group it cannot get)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    status = main(["--config_name", "agentic_sokoban", "--dry_run", "num_gpus_per_node=8", "actor_infer.device_mapping=[2]"])
+    err = capsys.readouterr().err
+    assert status == 2 and "actor_infer.device_mapping" in err and "at most 2 GPU(s)" in err, err
+    assert main(["--config_name", "agentic_sokoban", "--dry_run", "num_gpus_per_node=8", "actor_infer.device_mapping=[1]"]) == 0
+
+
+@pytest.mark.parametrize("mappings, per_node, nodes, words", [
+    ({"actor_train": [0, 1, 2, 3]}, 4, [4], None),
+    ({"actor_train": [0, 1, 2, 3], "actor_infer": [4, 5]}, 4, [4, 2], None),  # node 1 uses 2 GPUs: fits a 2-GPU node
+    ({"actor_train": [0, 1, 2, 3], "actor_infer": [4, 5]}, 4, [4], "uses 2 node(s)"),
+    ({"actor_infer": [7]}, 8, [4], "device 7 is GPU 7"),
+    ({"actor_train": [0], "actor_infer": [4, 5, 6]}, 4, [2, 4], None),  # the 3-GPU node on the 4-GPU machine
+    ({"actor_train": [0, 1, 2], "actor_infer": [4, 5, 6]}, 4, [4, 2], "is GPU 2 of a node"),
+    ({"actor_train": [0, 1]}, 8, [0], "at most 0 GPU(s)"),
+])
+def test_device_mappings_are_bounded_by_the_cluster(mappings, per_node, nodes, words):
+    from roll.configs.errors import ConfigError
+    from roll.distributed.resources import check_devices_fit
+
+    if words is None:
+        check_devices_fit(mappings, per_node, nodes)
+        return
+    with pytest.raises(ConfigError, match="device_mapping") as e:
+        check_devices_fit(mappings, per_node, nodes)
+    assert words in str(e.value)

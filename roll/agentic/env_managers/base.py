@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from roll.agentic.conversation import ChatTemplate, TokenRow
+from roll.agentic.env_monitor import ActiveEpisode, EnvActivity
 from roll.strategies.base import Generation, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,7 @@ class TrajEnvManager:
         self._step_limits = {slot.tag: threading.BoundedSemaphore(int(slot.entry["max_env_step_concurrent"]))
                              for slot in slots if int(slot.entry.get("max_env_step_concurrent") or 0) > 0}
         self._demonstrations: dict[str, list[tuple[str, str]]] = {}
+        self.activity = EnvActivity()  # what each env is doing, for the driver's env monitor
 
     # --- hooks a custom env manager may override
     def make_env(self, slot: EnvSlot) -> Any:
@@ -199,6 +201,8 @@ class TrajEnvManager:
         trajectories, errors = [], []
         for request in requests:
             for _attempt in range(self.limits.max_env_retries + 1):
+                slot = request.slot
+                self.activity.begin(slot.tag, slot.env_id, request.seed, request.episode)
                 try:
                     trajectories.append(self.run_episode(request))
                     break
@@ -207,7 +211,12 @@ class TrajEnvManager:
                     log.warning("env %s (%s, seed %s) %s: %s; re-creating it", request.slot.env_id, request.slot.tag,
                                 request.seed, "hung" if isinstance(e, EnvTimeout) else "raised", e)
                     self._envs.pop(request.slot.env_id, None)
+                finally:
+                    self.activity.end(slot.env_id)
         return trajectories, errors
+
+    def activity_snapshot(self) -> tuple[int, list[ActiveEpisode]]:
+        return self.activity.snapshot()
 
     def _env(self, slot: EnvSlot) -> Any:
         if slot.env_id not in self._envs:
@@ -244,6 +253,7 @@ class TrajEnvManager:
             params = _with_budget(self.params, budget)
             if self.deterministic:  # its own seed: the sample does not depend on which batch it lands in
                 params = dataclasses.replace(params, seed=(request.seed * 1_000_003 + slot.env_id * 101 + turn) % 2**31)
+            self.activity.progress(slot.env_id, turn + 1, "generate")
             gen = self.generate(f"{slot.env_id}", prompt_row.input_ids, params)
             latencies.append(time.perf_counter() - t0)
             text, closed = self._add_turn(row, prompt_row, gen, steps, obs, turn)
@@ -281,6 +291,7 @@ class TrajEnvManager:
     def call_env(self, slot: EnvSlot, what: str, turn: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` bounded by env_step_timeout. A call that does not return in time is left
         behind in its (daemon) thread, its env is dropped by the caller, and EnvTimeout names it."""
+        self.activity.progress(slot.env_id, turn, f"env.{what}")
         timeout = self.limits.env_step_timeout
         limiter = self._step_limits.get(slot.tag)
         if limiter is not None:
