@@ -47,3 +47,72 @@ def forward_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_
         logits = model(input_ids=input_ids[sl], attention_mask=attention_mask[sl], position_ids=pos).logits
         out.append(shifted_token_logprobs(logits, input_ids[sl]))
     return torch.cat(out) if out else torch.zeros(input_ids.shape, dtype=torch.float32)
+
+
+# Model types whose logits are exactly output_embeddings(final hidden state): no logit scale or soft-capping
+# after the head, so the head may run on pieces of the sequence.
+PLAIN_HEAD_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+CHUNK_TOKENS = 256  # positions whose fp32 logits exist at once (256 x 49,152 x 4 B = 48 MiB for SmolLM2)
+# Chunking recomputes the head in the backward pass (SmolLM2 at 2 x 640 tokens: 0.90x the speed, 0.1-0.5 GB
+# less memory, scripts/bench/train_step.py --logits); it pays where whole logits are big, past this size.
+CHUNK_ABOVE_BYTES = 1 << 30
+
+
+def chunking_pays(tokens: int, vocab_size: int, above: int = CHUNK_ABOVE_BYTES) -> bool:
+    """Whether a micro-batch of ``tokens`` positions should take its log-probs in chunks: its fp32 logits
+    would exceed ``above`` bytes."""
+    return tokens * vocab_size * 4 > above
+
+
+def split_causal_lm(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """(body giving the final hidden states, output head) of an HF causal LM whose logits are just the head
+    applied to them; None for any other model (its logits are taken whole)."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in PLAIN_HEAD_MODEL_TYPES:
+        return None
+    body = model.get_decoder() if hasattr(model, "get_decoder") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return (body, head) if body is not None and head is not None else None
+
+
+def _chunk_logprobs(hidden: torch.Tensor, weight_holder: torch.nn.Module, targets: torch.Tensor) -> torch.Tensor:
+    logits = weight_holder(hidden).float()
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def _chunk_entropy(hidden: torch.Tensor, weight_holder: torch.nn.Module) -> torch.Tensor:
+    logp = torch.log_softmax(weight_holder(hidden).float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def _over_chunks(fn, hidden: torch.Tensor, *rest: torch.Tensor, chunk: int) -> torch.Tensor:
+    """fn over pieces of ``chunk`` positions of flattened [N, H] hidden states; under autograd each piece is
+    recomputed in the backward pass (torch.utils.checkpoint) instead of keeping its [chunk, V] logits."""
+    from torch.utils.checkpoint import checkpoint
+
+    parts = []
+    for start in range(0, hidden.shape[0], chunk):
+        pieces = (hidden[start:start + chunk], *(r[start:start + chunk] for r in rest))
+        if torch.is_grad_enabled() and hidden.requires_grad:
+            parts.append(checkpoint(fn, *pieces, use_reentrant=False))
+        else:
+            parts.append(fn(*pieces))
+    return torch.cat(parts) if parts else hidden.new_zeros(0)
+
+
+def chunked_token_logprobs(hidden: torch.Tensor, head: torch.nn.Module, input_ids: torch.Tensor,
+                           chunk: int = CHUNK_TOKENS) -> torch.Tensor:
+    """shifted_token_logprobs(head(hidden), input_ids) without the whole [B, T, V] logits: the head and the
+    fp32 log-softmax run ``chunk`` positions at a time."""
+    b, t, h = hidden.shape
+    flat = hidden[:, :-1].reshape(-1, h)
+    targets = input_ids[:, 1:].reshape(-1)
+    lp = _over_chunks(lambda x, y: _chunk_logprobs(x, head, y), flat, targets, chunk=chunk).view(b, t - 1)
+    return torch.nn.functional.pad(lp, (1, 0))
+
+
+def chunked_entropy(hidden: torch.Tensor, head: torch.nn.Module, chunk: int = CHUNK_TOKENS) -> torch.Tensor:
+    """shifted_entropy(head(hidden)), ``chunk`` positions at a time."""
+    b, t, h = hidden.shape
+    ent = _over_chunks(lambda x: _chunk_entropy(x, head), hidden[:, :-1].reshape(-1, h), chunk=chunk).view(b, t - 1)
+    return torch.nn.functional.pad(ent, (1, 0))

@@ -25,7 +25,16 @@ import torch
 
 from roll.distributed.batch import Batch
 from roll.models.loading import load_causal_lm, load_value_model
-from roll.models.logprobs import position_ids_from_mask, shifted_token_logprobs
+from roll.models.logprobs import (
+    CHUNK_ABOVE_BYTES,
+    CHUNK_TOKENS,
+    chunked_entropy,
+    chunked_token_logprobs,
+    chunking_pays,
+    position_ids_from_mask,
+    shifted_token_logprobs,
+    split_causal_lm,
+)
 from roll.models.lora import (
     adapter_named_tensors,
     add_adapter,
@@ -102,6 +111,8 @@ class DeepSpeedTrainStrategy(TrainStrategy):
         self.partial = False  # some weights are frozen
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.zero_stage = 0
+        self.chunk_above = CHUNK_ABOVE_BYTES  # fp32 logits of a micro-batch past this size: chunked log-probs
+        self.chunk_tokens = CHUNK_TOKENS
 
     # --- set-up
     def initialize(self) -> None:
@@ -146,12 +157,26 @@ class DeepSpeedTrainStrategy(TrainStrategy):
         mask = batch["attention_mask"].to(self.device)
         pos = batch.tensors.get("position_ids")
         pos = (pos if pos is not None else position_ids_from_mask(mask)).to(self.device)
-        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.training_args.bf16)
-        with torch.set_grad_enabled(grad), autocast:
+        bf16 = self.config.training_args.bf16
+        with torch.set_grad_enabled(grad), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
             if self.is_critic:
                 return ForwardOutput(values=self.engine(input_ids=ids, attention_mask=mask, position_ids=pos).float())
-            logits = self.engine(input_ids=ids, attention_mask=mask, position_ids=pos).logits
-            return ForwardOutput(logits=logits, logprobs=shifted_token_logprobs(logits, ids))
+            # ZeRO-3 keeps whole logits: its partitioned (tied) head would be gathered again by each chunk's
+            # recompute in the backward pass, outside the order its hooks traced
+            split = split_causal_lm(self.engine.module) if self.zero_stage < 3 else None
+            if split is None or not chunking_pays(ids.numel(), split[1].out_features, self.chunk_above):
+                logits = self.engine(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+                return ForwardOutput(logits=logits, logprobs=shifted_token_logprobs(logits, ids))
+            # big logits: the head and the fp32 log-softmax a few hundred positions at a time, so the [B, T, V]
+            # logits are never whole, in the forward or (recomputed per piece) in the backward
+            body, head = split
+            hidden = body(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state
+
+            def entropy() -> torch.Tensor:
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
+                    return chunked_entropy(hidden, head, self.chunk_tokens)
+
+            return ForwardOutput(logprobs=chunked_token_logprobs(hidden, head, ids, self.chunk_tokens), entropy_fn=entropy)
 
     @torch.no_grad()
     def _batched(self, batch: Batch, field: str) -> torch.Tensor:

@@ -33,10 +33,14 @@ def main() -> None:
     p.add_argument("--ds", default="examples/config/deepspeed_zero2.yaml", help="DeepSpeed config piece (yaml)")
     p.add_argument("--lora", action="store_true", help="compare full-parameter training with LoRA instead")
     p.add_argument("--rank", type=int, default=32, help="LoRA rank (with --lora)")
-    p.add_argument("--one", choices=["full", "lora"], help=argparse.SUPPRESS)  # one side of --lora, in its own process
+    p.add_argument("--logits", action="store_true",
+                   help="compare whole-row logits with chunked log-probs, each with and without gradient checkpointing")
+    p.add_argument("--one", help=argparse.SUPPRESS)  # one side of --lora / --logits, in its own process
     args = p.parse_args()
     if args.lora:
         return compare_lora(args)
+    if args.logits:
+        return compare_logits(args)
     if args.one:
         return one_side(args)
     path = _common.model_path(args.model)
@@ -119,6 +123,13 @@ def one_side(args: argparse.Namespace) -> None:
     mask = torch.ones_like(ids)
     cfg = _common.worker_config(path, "deepspeed_train", stage=args.stage, micro=args.rows)
     cfg.training_args.bf16 = args.bf16
+    if args.one.startswith(("whole", "chunked")):  # --logits: which log-prob path, with or without checkpointing
+        kind, checkpointing = args.one.split("-")
+        cfg.model_args = dataclasses.replace(cfg.model_args, disable_gradient_checkpointing=checkpointing == "nogc")
+        import roll.strategies.deepspeed_train as ds_train
+
+        # whole: the model's [B, T, V] logits at any size; chunked: chunks at any size
+        ds_train.chunking_pays = lambda *a: kind == "chunked"
     if args.one == "lora":
         cfg.model_args = dataclasses.replace(cfg.model_args, lora_target="all-linear", lora_rank=args.rank,
                                              lora_alpha=args.rank)
@@ -138,17 +149,7 @@ def one_side(args: argparse.Namespace) -> None:
 
 
 def compare_lora(args: argparse.Namespace) -> None:
-    import json
-    import subprocess
-    import sys
-
-    out = {}
-    for side in ("full", "lora"):
-        cmd = [sys.executable, __file__, "--one", side, "--model", args.model, "--rows", str(args.rows), "--length",
-               str(args.length), "--steps", str(args.steps), "--stage", str(args.stage), "--rank", str(args.rank)]
-        cmd += ["--bf16"] if args.bf16 else []
-        res = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        out[side] = json.loads([line for line in res.stdout.splitlines() if line.startswith("{")][-1])
+    out = _sides(args, ("full", "lora"))
     full, lora = out["full"], out["lora"]
     print(f"LoRA vs full, {args.model}, batch {args.rows}x{args.length}, rank {args.rank} on all linear layers, "
           f"ZeRO-{args.stage}, {torch.get_num_threads()} threads")
@@ -156,6 +157,34 @@ def compare_lora(args: argparse.Namespace) -> None:
     print(f"  peak RSS   : full {full['peak_rss_mb']:8.0f} MB    | LoRA {lora['peak_rss_mb']:8.0f} MB")
     print(f"  weight sync: full {full['sync_bytes'] / 2**20:8.1f} MiB in {full['sync_s']:.3f} s | "
           f"LoRA adapter {lora['sync_bytes'] / 2**20:8.1f} MiB in {lora['sync_s']:.3f} s")
+
+
+def _sides(args: argparse.Namespace, sides: tuple[str, ...]) -> dict[str, dict]:
+    """Each side of a comparison in its own process (peak memory is per process): its JSON line."""
+    import json
+    import subprocess
+    import sys
+
+    out = {}
+    for side in sides:
+        cmd = [sys.executable, __file__, "--one", side, "--model", args.model, "--rows", str(args.rows), "--length",
+               str(args.length), "--steps", str(args.steps), "--stage", str(args.stage), "--rank", str(args.rank)]
+        cmd += ["--bf16"] if args.bf16 else []
+        res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        out[side] = json.loads([line for line in res.stdout.splitlines() if line.startswith("{")][-1])
+    return out
+
+
+def compare_logits(args: argparse.Namespace) -> None:
+    sides = ("whole-gc", "chunked-gc", "whole-nogc", "chunked-nogc")
+    out = _sides(args, sides)
+    base = out["whole-gc"]
+    print(f"log-probs from whole logits vs chunked (the head + fp32 log-softmax over pieces of positions), {args.model}, "
+          f"batch {args.rows}x{args.length} {'bf16 autocast' if args.bf16 else 'fp32'}, ZeRO-{args.stage}, "
+          f"{torch.get_num_threads()} threads")
+    for side in sides:
+        r = out[side]
+        print(f"  {side:13s}: {r['tok_s']:8.1f} tok/s ({r['tok_s'] / base['tok_s']:.2f}x)   peak RSS {r['peak_rss_mb']:7.0f} MB")
 
 
 if __name__ == "__main__":

@@ -279,3 +279,25 @@ def test_bf16_autocast_logprobs_agree_with_fp32_and_bf16_inference(tiny_model_pa
     mixed.train_step(b, ppo_loss_fn)
     after = mixed.compute_log_probs(batch)
     assert ppo_loss_fn(b, type("O", (), {"logprobs": after})(), GlobalCounts.of(b["response_mask"]))[0] < loss_before
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_chunked_log_probs_train_as_whole_logits_do(tiny_model_path, stage):
+    """deepspeed_train with every micro-batch's log-probs and entropy bonus taken 5 positions at a time gives the
+    log-probs and the SGD-like step of whole logits (the head's weight is tied to the embedding here)."""
+    batch = fixed_batch(rows=4, length=12)
+    batch.tensors["advantages"] = torch.randn(batch["input_ids"].shape, generator=torch.Generator().manual_seed(1))
+    loss_fn = make_actor_loss_fn(ActorLossConfig(entropy_loss_coef=0.1))
+    runs = []
+    for chunked in (False, True):
+        train = make_train(tiny_model_path, lr=SGD_LIKE["lr"], eps=SGD_LIKE["eps"], micro=2, gas=2, stage=stage)
+        train.chunk_above, train.chunk_tokens = (0, 5) if chunked else (1 << 60, 5)
+        lp = train.compute_log_probs(batch)
+        before = {k: v.clone() for k, v in train.state_dict().items()}
+        train.train_step(with_old_logprobs(batch, lp), loss_fn)
+        runs.append((lp, sgd_step(before, train.state_dict())))
+    (lp_a, step_a), (lp_b, step_b) = runs
+    torch.testing.assert_close(lp_b, lp_a, atol=1e-5, rtol=0)
+    for name in step_a:
+        torch.testing.assert_close(step_b[name], step_a[name], atol=1e-6, rtol=1e-4)
+    assert max(float(v.abs().max()) for v in step_a.values()) > 1e-3
