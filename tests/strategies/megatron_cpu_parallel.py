@@ -9,7 +9,9 @@ import os
 import socket
 import sys
 import tempfile
+import time
 from pathlib import Path
+from queue import Empty
 
 import numpy as np
 import torch
@@ -80,10 +82,20 @@ def run_two_ranks(worker, *args) -> list:
     procs = [ctx.Process(target=worker, args=(r, port, *args, queue)) for r in range(2)]
     for p in procs:
         p.start()
-    results = sorted((queue.get(timeout=600) for _ in procs), key=lambda r: r[0])
+    results: list = []
+    deadline = time.monotonic() + 600
+    while len(results) < len(procs):  # a rank that dies fails the run at once, not after the whole timeout
+        try:
+            results.append(queue.get(timeout=2))
+        except Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                raise RuntimeError(f"a rank exited with {dead[0]}" if dead else "ranks did not answer within 600 s") from None
     for p in procs:
         p.join(timeout=120)
-    return results
+    return sorted(results, key=lambda r: r[0])
 
 
 def _free_port() -> int:
