@@ -42,12 +42,23 @@ def _module_names(model: torch.nn.Module, kind: type, skip_output: bool = False)
             if isinstance(module, kind) and module is not output and name]
 
 
+def lora_alpha(model_args: Any) -> int:
+    """ROLL's lora_alpha, 2 x lora_rank when unset."""
+    return int(model_args.lora_alpha or 2 * int(model_args.lora_rank))
+
+
+def peft_config(fields: dict[str, Any]) -> Any:
+    """A peft LoraConfig from a config dict (``LoraConfig.to_dict()`` or ours): keys peft does not take are left out."""
+    from peft import LoraConfig
+
+    return LoraConfig(**{k: v for k, v in fields.items() if k in LoraConfig.__dataclass_fields__})
+
+
 def lora_config(model_args: Any, model: torch.nn.Module) -> Any:
     """The peft LoraConfig that ``model_args`` asks for on ``model``."""
     from peft import LoraConfig, TaskType
 
-    rank = int(model_args.lora_rank)
-    return LoraConfig(r=rank, lora_alpha=int(model_args.lora_alpha or 2 * rank), lora_dropout=float(model_args.lora_dropout),
+    return LoraConfig(r=int(model_args.lora_rank), lora_alpha=lora_alpha(model_args), lora_dropout=float(model_args.lora_dropout),
                       target_modules=target_modules(model_args.lora_target, model), task_type=TaskType.CAUSAL_LM)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from roll.models.lora import ADAPTER
+from roll.models.lora import ADAPTER, lora_alpha, peft_config
 from roll.models.megatron_convert import GPTLayout, split_qkv
 
 MEGATRON_LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
@@ -72,8 +72,7 @@ def hf_targets(targets: list[str]) -> list[str]:
 
 def hf_lora_config(model_args: Any, targets: list[str], base: str | None = None) -> dict[str, Any]:
     """The HF-side peft LoraConfig (JSON-able) of the adapter that ``targets`` carry on megatron_train."""
-    rank = int(model_args.lora_rank)
-    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": int(model_args.lora_alpha or 2 * rank),
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": int(model_args.lora_rank), "lora_alpha": lora_alpha(model_args),
             "lora_dropout": float(model_args.lora_dropout), "target_modules": hf_targets(targets), "bias": "none",
             "base_model_name_or_path": base}
 
@@ -119,14 +118,12 @@ def add_megatron_adapter(chunk: torch.nn.Module, model_args: Any, targets: list[
     from megatron.core import tensor_parallel
     from peft import LoraConfig, inject_adapter_in_model
 
-    rank = int(model_args.lora_rank)
-    lora = LoraConfig(r=rank, lora_alpha=int(model_args.lora_alpha or 2 * rank), lora_dropout=float(model_args.lora_dropout),
-                      target_modules=targets)
+    lora = LoraConfig(r=int(model_args.lora_rank), lora_alpha=lora_alpha(model_args),
+                      lora_dropout=float(model_args.lora_dropout), target_modules=targets)
     # peft sets params_dtype on the config it is given (adapters train in fp32): hand it a copy
     cls = _parallel_lora_class(copy.copy(chunk.config))
     lora._register_custom_module({tensor_parallel.ColumnParallelLinear: cls, tensor_parallel.RowParallelLinear: cls})
-    present = [n for n, _ in chunk.named_modules() if n.rsplit(".", 1)[-1] in targets]
-    if not present:
+    if not any(n.rsplit(".", 1)[-1] in targets for n, _ in chunk.named_modules()):
         return 0
     inject_adapter_in_model(lora, chunk)
     return sum(isinstance(module, cls) for module in chunk.modules())
@@ -181,10 +178,9 @@ def split_halves(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor],
 def hf_adapter_sizes(meta_model: torch.nn.Module, config: dict[str, Any]) -> list[tuple[str, int]]:
     """(HF peft name, bytes) of every adapter tensor a sync sends (fp32, as the adapter trains), from an HF model
     on the meta device."""
-    from peft import LoraConfig, inject_adapter_in_model
+    from peft import inject_adapter_in_model
 
-    fields = {k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__}
-    inject_adapter_in_model(LoraConfig(**fields), meta_model)
+    inject_adapter_in_model(peft_config(config), meta_model)
     return [(f"base_model.model.{n}", p.numel() * 4) for n, p in meta_model.named_parameters() if ".lora_" in n]
 
 
@@ -217,12 +213,10 @@ def save_hf_adapter(folder: str, tensors: Mapping[str, torch.Tensor], config: di
     """Write an adapter folder as peft saves one (adapter_config.json + adapter_model.safetensors)."""
     import os
 
-    from peft import LoraConfig
     from safetensors.torch import save_file
 
     os.makedirs(folder, exist_ok=True)
-    fields = {k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__}
-    LoraConfig(**fields).save_pretrained(folder)
+    peft_config(config).save_pretrained(folder)
     # peft's file keys drop the adapter's name (it is given when loading)
     save_file({k.replace(f".{ADAPTER}.", "."): v.contiguous() for k, v in tensors.items()},
               os.path.join(folder, "adapter_model.safetensors"))

@@ -92,10 +92,11 @@ class HFInferStrategy(InferenceStrategy):
             return
         if self.adapter is not None:
             raise ValueError("weight sync: the trainer's LoRA adapter changed shape during the run")
-        from peft import LoraConfig, inject_adapter_in_model
+        from peft import inject_adapter_in_model
 
-        fields = {k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__}
-        inject_adapter_in_model(LoraConfig(**fields), self.model)
+        from roll.models.lora import peft_config
+
+        inject_adapter_in_model(peft_config(config), self.model)
         self.model.eval()
         self.adapter = config
 

@@ -21,12 +21,12 @@ import torch
 
 def _hf_lora(path: str, config: dict, tensors: dict) -> torch.nn.Module:
     """The HF model with the adapter ``config`` injected (peft) and ``tensors`` loaded into it."""
-    from peft import LoraConfig, inject_adapter_in_model
+    from peft import inject_adapter_in_model
 
-    from roll.models.lora import peft_module_name
+    from roll.models.lora import peft_config, peft_module_name
 
     model = _load(path)
-    inject_adapter_in_model(LoraConfig(**{k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__}), model)
+    inject_adapter_in_model(peft_config(config), model)
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, t in tensors.items():
@@ -64,7 +64,6 @@ def main() -> None:
 
     patch_megatron_for_cpu()
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
     from roll.models.logprobs import forward_logprobs
     from roll.models.tiny import build_tiny_model
@@ -168,7 +167,7 @@ def main() -> None:
 
     export = Path(tempfile.mkdtemp()) / "hf"
     meg.export_hf(str(export))
-    exported = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
+    exported = _load(str(export))
     print(json.dumps({
         "fresh_adapter_max_abs_vs_hf": diff(lp_fresh, base_lp),
         "adapted_moves_logprobs": diff(lp_adapted, base_lp),
