@@ -48,6 +48,7 @@ from roll.configs.derive import (
     dual_clip_constant,
     effective_pg_variant,
     global_train_batch_size,
+    lora_run,
     needs_critic,
     needs_reference,
     reference_from_actor,
@@ -190,6 +191,8 @@ class AgenticPipeline:
             "threads_per_worker": os.cpu_count() or 1,
             "colocated_roles": self.colocated_roles,
             "sequence_length": cfg.sequence_length,
+            # engines that apply LoRA adapters size their adapter slots by the trainer's rank
+            "lora_rank": cfg.actor_train.model_args.lora_rank if lora_run(cfg) else None,
         }
         for role in roles:
             worker = getattr(cfg, role)

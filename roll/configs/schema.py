@@ -71,8 +71,10 @@ class ModelArgs:
         "paths (any of * $ | ( in it). Unset: no LoRA. actor_train: the adapters are trained; the reference policy is "
         "the same model with its adapters off. On megatron_train (dense models): all-linear, megatron's layer names "
         "(linear_qkv, linear_proj, linear_fc1, linear_fc2) or HF names covering each fused layer whole "
-        "(q_proj,k_proj,v_proj together; gate_proj,up_proj together). actor_infer: receives the adapter (hf_infer) "
-        "or merged weights (vllm, sglang); its own lora_* keys, when set, must describe the same adapter.")
+        "(q_proj,k_proj,v_proj together; gate_proj,up_proj together). actor_infer: receives the adapter's tensors "
+        "alone at each sync and applies it (hf_infer; vllm as a LoRARequest, sglang through load_lora_adapter, unless "
+        "their strategy_config sets lora_adapters: false), else merged weights; its own lora_* keys, when set, must "
+        "describe the same adapter.")
     lora_rank: int = opt(8, "LoRA rank r (with lora_target).")
     lora_alpha: int | None = opt(None, "LoRA scale numerator: the update is (lora_alpha / lora_rank) B A. Unset: 2 x lora_rank.")
     lora_dropout: float = opt(0.0, "Dropout on the LoRA branch's input during training.")

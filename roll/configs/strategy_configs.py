@@ -37,6 +37,10 @@ class VLLMConfig:
     sleep_level: Literal[1, 2] = opt(
         1, "Colocated sleep: 1 moves weights to CPU and drops the KV cache; 2 drops both (the next sync refills).")
     enable_sleep_mode: bool | None = opt(None, "Free GPU memory between rollouts; unset: on when colocated with training.")
+    lora_adapters: bool = opt(
+        True, "LoRA runs: the engine applies the trainer's adapter (a LoRARequest, re-registered at each sync), so a "
+        "sync sends the adapter's tensors only; false, load_format 'dummy' or sleep_level 2 (no base weights to adapt), "
+        "or a rank above 512: every sync sends full weights with the adapter merged in (no LoRA kernels while generating).")
     engine_kwargs: dict[str, Any] = opt(factory=dict, help="More AsyncEngineArgs, passed verbatim.")
 
 
@@ -52,6 +56,10 @@ class SGLangConfig:
     attention_backend: str | None = opt(None, "SGLang attention backend (flashinfer, fa3, triton, ...); unset: its default.")
     enable_memory_saver: bool | None = opt(
         None, "Release/resume GPU memory between rollouts; unset: on when colocated with training.")
+    lora_adapters: bool = opt(
+        True, "LoRA runs: the engine applies the trainer's adapter (load_lora_adapter, re-loaded at each sync), so a "
+        "sync sends the adapter's tensors only; false, or load_format 'dummy' (no base weights to adapt): every sync "
+        "sends full weights with the adapter merged in.")
     engine_kwargs: dict[str, Any] = opt(factory=dict, help="More SGLang ServerArgs, passed verbatim.")
 
 

@@ -8,6 +8,7 @@ linear layer but the output head) and ``all-embedding``, or a regular expression
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -127,3 +128,16 @@ def merged_named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor
             weight = weight + deltas[name].to(weight.dtype)
         out.append((base_name(name), weight))
     return out
+
+
+def save_hf_adapter(folder: str, tensors: Mapping[str, torch.Tensor], config: dict[str, Any]) -> None:
+    """Write an adapter folder as peft saves one (adapter_config.json + adapter_model.safetensors)."""
+    import os
+
+    from safetensors.torch import save_file
+
+    os.makedirs(folder, exist_ok=True)
+    peft_config(config).save_pretrained(folder)
+    # peft's file keys drop the adapter's name (it is given when loading)
+    save_file({k.replace(f".{ADAPTER}.", "."): v.contiguous() for k, v in tensors.items()},
+              os.path.join(folder, "adapter_model.safetensors"))

@@ -207,16 +207,3 @@ def lora_to_hf(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], lay
             out[f"{prefix}.lora_A.{ADAPTER}.weight"] = a_full.clone()
             out[f"{prefix}.lora_B.{ADAPTER}.weight"] = b_part.contiguous()
     return out
-
-
-def save_hf_adapter(folder: str, tensors: Mapping[str, torch.Tensor], config: dict[str, Any]) -> None:
-    """Write an adapter folder as peft saves one (adapter_config.json + adapter_model.safetensors)."""
-    import os
-
-    from safetensors.torch import save_file
-
-    os.makedirs(folder, exist_ok=True)
-    peft_config(config).save_pretrained(folder)
-    # peft's file keys drop the adapter's name (it is given when loading)
-    save_file({k.replace(f".{ADAPTER}.", "."): v.contiguous() for k, v in tensors.items()},
-              os.path.join(folder, "adapter_model.safetensors"))

@@ -27,6 +27,7 @@ class StrategyContext:
     train_calls: int = 1000  # train_step calls the run makes on this role (the LR schedule spans them)
     colocated: bool = False  # shares devices with another role (GPU engines then free memory between phases)
     max_sequence_length: int | None = None  # prompt + response tokens (engines size their KV cache by it)
+    lora_rank: int | None = None  # the trainer's LoRA rank in a LoRA run (engines that apply adapters size slots by it)
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,10 @@ class InferenceStrategy(abc.ABC):
 
     @abc.abstractmethod
     def load_weights(self, named_tensors: NamedTensors) -> None: ...
+
+    def finish_weight_sync(self) -> None:
+        """Called once after a sync's last bucket (engines that load a synced LoRA adapter as a whole do it here)."""
+        return None  # most engines apply each bucket as it arrives
 
     @abc.abstractmethod
     def offload(self) -> None: ...

@@ -36,7 +36,7 @@ import torch
 from roll.configs.strategy_configs import check_megatron_model, parse_strategy_config
 from roll.distributed.batch import Batch
 from roll.models.logprobs import values_before_tokens
-from roll.models.lora import freeze
+from roll.models.lora import freeze, save_hf_adapter
 from roll.models.megatron_convert import (
     ParallelRank,
     hf_to_megatron,
@@ -53,7 +53,6 @@ from roll.models.megatron_lora import (
     lora_to_hf,
     megatron_targets,
     merged_local_state,
-    save_hf_adapter,
     set_adapters,
     split_halves,
 )

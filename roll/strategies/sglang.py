@@ -7,7 +7,11 @@ The same contract as vllm:
 - weight sync through ``Engine.update_weights_from_tensor`` (HF names, SGLang's loader shards them),
   flushing the radix cache after the last bucket's update;
 - colocated with training: ``release_memory_occupation`` / ``resume_memory_occupation`` (needs
-  ``enable_memory_saver``, on by default when colocated).
+  ``enable_memory_saver``, on by default when colocated);
+- LoRA runs: the engine starts with LoRA enabled at the trainer's rank and applies the trainer's adapter;
+  a sync sends the adapter's tensors only, written as a peft folder and loaded with
+  ``load_lora_adapter`` under a new name (the previous one unloaded); every request names it.
+  ``lora_adapters: false`` (or ``load_format: dummy``) falls back to merged full weights.
 
 The Engine drives its own event loop from whichever thread calls it, so calls are serialised with a
 lock; each call is a whole batch, which SGLang schedules with continuous batching.
@@ -26,6 +30,7 @@ import torch
 
 from roll.configs.strategy_configs import SGLangConfig, parse_strategy_config
 from roll.distributed.batch import Batch
+from roll.strategies.adapter_folders import AdapterFolders, is_adapter_tensor
 from roll.strategies.backends import check_backend, check_passthrough
 from roll.strategies.base import Generation, InferenceStrategy, NamedTensors, SamplingParams, StrategyContext
 
@@ -35,8 +40,9 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", None: "auto"
 
 
 def engine_kwargs(c: SGLangConfig, model_path: str, dtype: str | None, seed: int, colocated: bool,
-                  max_len: int | None, trust_remote_code: bool = False) -> dict[str, Any]:
-    """sglang.Engine (ServerArgs) fields for one engine (pure; checked on CPU)."""
+                  max_len: int | None, trust_remote_code: bool = False, lora_rank: int | None = None) -> dict[str, Any]:
+    """sglang.Engine (ServerArgs) fields for one engine (pure; checked on CPU). ``lora_rank``: LoRA on every
+    module SGLang can adapt, up to that rank (one adapter: the policy's)."""
     kw: dict[str, Any] = dict(
         model_path=model_path,
         dtype=DTYPES[dtype],
@@ -56,6 +62,9 @@ def engine_kwargs(c: SGLangConfig, model_path: str, dtype: str | None, seed: int
         kw["max_running_requests"] = c.max_running_requests
     if c.attention_backend is not None:
         kw["attention_backend"] = c.attention_backend
+    if lora_rank is not None:
+        # no adapter exists at start, so SGLang needs the rank and the modules to size its LoRA buffers
+        kw.update(enable_lora=True, max_lora_rank=lora_rank, lora_target_modules=["all"], max_loras_per_batch=1)
     kw.update(c.engine_kwargs)
     return kw
 
@@ -86,6 +95,13 @@ def generation_from_output(output: dict[str, Any]) -> Generation:
     return Generation(tokens, logprobs, "length" if kind == "length" else "stop")
 
 
+def server_arg_names(server_args: type) -> set[str]:
+    """The fields of SGLang's ServerArgs: a dataclass in earlier 0.5 releases, a msgspec struct in later ones."""
+    if dataclasses.is_dataclass(server_args):
+        return {f.name for f in dataclasses.fields(server_args)}
+    return set(getattr(server_args, "__struct_fields__", ()))
+
+
 class SGLangStrategy(InferenceStrategy):
     def __init__(self, worker_config: Any, context: StrategyContext | None = None) -> None:
         self.config = worker_config
@@ -96,6 +112,20 @@ class SGLangStrategy(InferenceStrategy):
         self.lock = threading.Lock()
         self.sconfig = parse_strategy_config("sglang", worker_config.strategy_args.strategy_config,
                                              f"{self.context.role}.strategy_args.strategy_config")
+        self.adapters: AdapterFolders | None = None  # LoRA run with the adapter applied here: its synced versions
+        self.lora_name: str | None = None  # the loaded adapter every request names
+        self.lora_version = 0
+
+    def _lora_rank(self) -> int | None:
+        """The trainer's LoRA rank when this engine applies the adapter itself; None: merged syncs."""
+        rank = self.context.lora_rank
+        if rank is None or not self.sconfig.lora_adapters or self.sconfig.load_format == "dummy":
+            return None  # (dummy: no base weights to adapt; the merged sync fills them)
+        return rank
+
+    @property
+    def accepts_adapters(self) -> bool:
+        return self._lora_rank() is not None
 
     def initialize(self) -> None:
         check_backend("sglang", f"{self.context.role}.strategy_args.strategy_name")
@@ -108,13 +138,16 @@ class SGLangStrategy(InferenceStrategy):
         from roll.models.resolve import ensure_hf_folder
 
         margs = self.config.model_args
-        check_passthrough(self.sconfig.engine_kwargs, {f.name for f in dataclasses.fields(ServerArgs)},
+        check_passthrough(self.sconfig.engine_kwargs, server_arg_names(ServerArgs),
                           f"{self.context.role}.strategy_args.strategy_config")
+        rank = self._lora_rank()
         kwargs = engine_kwargs(self.sconfig, ensure_hf_folder(margs.model_name_or_path, margs.gguf_file), margs.dtype,
                                self.context.seed, self.context.colocated, self.context.max_sequence_length,
-                               margs.trust_remote_code)
-        log.info("sglang: starting Engine (tp=%d, load_format=%s, memory saver=%s)", kwargs["tp_size"],
-                 kwargs["load_format"], kwargs["enable_memory_saver"])
+                               margs.trust_remote_code, lora_rank=rank)
+        if rank is not None:
+            self.adapters = AdapterFolders()
+        log.info("sglang: starting Engine (tp=%d, load_format=%s, memory saver=%s, LoRA rank %s)", kwargs["tp_size"],
+                 kwargs["load_format"], kwargs["enable_memory_saver"], rank)
         # per-request seeds arrived in later 0.5 releases; older ones sample from the engine seed
         self.per_request_seed = "sampling_seed" in inspect.signature(SGLangSampling.__init__).parameters
         self.engine = sglang.Engine(**kwargs)
@@ -129,7 +162,7 @@ class SGLangStrategy(InferenceStrategy):
             self._resume()
             outputs = self.engine.generate(input_ids=[list(p) for p in prompts],
                                            sampling_params=[sampling_dict(params, s) for s in seeds],
-                                           return_logprob=True)
+                                           return_logprob=True, **self._lora(len(prompts)))
         return [generation_from_output(o) for o in outputs]
 
     def compute_log_probs(self, batch: Batch) -> torch.Tensor:
@@ -140,7 +173,7 @@ class SGLangStrategy(InferenceStrategy):
         with self.lock:
             self._resume()
             outputs = self.engine.generate(input_ids=tokens, sampling_params={"max_new_tokens": 1, "temperature": 0.0},
-                                           return_logprob=True, logprob_start_len=0)
+                                           return_logprob=True, logprob_start_len=0, **self._lora(len(tokens)))
         out = torch.zeros(ids.shape, dtype=torch.float32)
         for i, o in enumerate(outputs):
             for t, triple in enumerate(o["meta_info"]["input_token_logprobs"]):
@@ -148,12 +181,46 @@ class SGLangStrategy(InferenceStrategy):
                     out[i, rows[i][t]] = float(triple[0])
         return out
 
+    def _lora(self, n: int) -> dict[str, Any]:
+        """The generate() argument naming the policy's adapter for ``n`` requests (none before the first sync)."""
+        return {} if self.lora_name is None else {"lora_path": [self.lora_name] * n}
+
+    def configure_adapter(self, config: dict[str, Any]) -> None:
+        """The trainer's LoRA adapter (peft config): its tensors arrive with each sync."""
+        if self.adapters is None:
+            raise RuntimeError("sglang: this engine was started without LoRA; it takes merged weights")
+        self.adapters.configure(config)
+
     def load_weights(self, named_tensors: NamedTensors) -> None:
         assert self.engine is not None, "initialize() first"
+        if self.adapters is not None and any(is_adapter_tensor(name) for name, _ in named_tensors):
+            self.adapters.add(named_tensors)  # loaded as a whole in finish_weight_sync
+            return
         with self.lock:
             self._resume()
             self.engine.update_weights_from_tensor(named_tensors=[(n, t.contiguous()) for n, t in named_tensors],
                                                    flush_cache=True)
+
+    def finish_weight_sync(self) -> None:
+        """A LoRA sync's adapter, now whole: the previous adapter unloaded, this one loaded under a new name."""
+        if self.adapters is None or self.engine is None:
+            return
+        published = self.adapters.publish()
+        if published is None:
+            return
+        version, folder = published
+        name = f"roll-policy-v{version}"
+        with self.lock:
+            self._resume()
+            if self.lora_name is not None:
+                self.engine.unload_lora_adapter(self.lora_name)
+                self.adapters.remove(self.lora_version)
+                self.lora_name = None
+            result = self.engine.load_lora_adapter(lora_name=name, lora_path=folder)
+            if not getattr(result, "success", True):
+                raise RuntimeError(f"sglang: the engine did not take the synced LoRA adapter ({folder}): "
+                                   f"{getattr(result, 'error_message', '')}")
+            self.lora_name, self.lora_version = name, version
 
     def offload(self) -> None:
         if self.engine is None or self.released or not self._memory_saver():
@@ -179,3 +246,5 @@ class SGLangStrategy(InferenceStrategy):
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None
+        if self.adapters is not None:
+            self.adapters.close()

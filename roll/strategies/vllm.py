@@ -9,6 +9,10 @@
 - Colocated with training: ``offload`` puts the engine to sleep (level 1: weights to CPU, KV cache
   freed; level 2: both freed), ``reload`` wakes it; a sync wakes the weights first.
 - ``load_format: dummy`` starts from random weights: the pipeline's first sync fills them.
+- LoRA runs: the engine starts with LoRA slots of the trainer's rank and applies the trainer's adapter
+  itself; a sync sends the adapter's tensors only, written as a peft folder and registered as a new
+  ``LoRARequest`` (the previous one removed); every request then names it. ``lora_adapters: false``
+  (or ``load_format: dummy``) falls back to merged full weights.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 
 from roll.configs.strategy_configs import VLLMConfig, parse_strategy_config
 from roll.distributed.batch import Batch
+from roll.strategies.adapter_folders import AdapterFolders, is_adapter_tensor, vllm_lora_slot
 from roll.strategies.async_runner import LoopThread
 from roll.strategies.backends import check_backend, check_passthrough
 from roll.strategies.base import Generation, InferenceStrategy, NamedTensors, SamplingParams, StrategyContext
@@ -34,8 +39,9 @@ EXTENSION = "roll.strategies.vllm_worker.RollWorkerExtension"
 
 
 def engine_kwargs(c: VLLMConfig, model_path: str, dtype: str | None, seed: int, colocated: bool,
-                  max_len: int | None, trust_remote_code: bool = False) -> dict[str, Any]:
-    """AsyncEngineArgs fields for one engine (pure; checked on CPU)."""
+                  max_len: int | None, trust_remote_code: bool = False, lora_rank: int | None = None) -> dict[str, Any]:
+    """AsyncEngineArgs fields for one engine (pure; checked on CPU). ``lora_rank``: LoRA slots of that rank
+    (one adapter: the policy's)."""
     kw: dict[str, Any] = dict(
         model=model_path,
         tokenizer=model_path,
@@ -59,6 +65,8 @@ def engine_kwargs(c: VLLMConfig, model_path: str, dtype: str | None, seed: int, 
             kw[key] = getattr(c, key)
     if c.max_model_len is not None or max_len is not None:
         kw["max_model_len"] = c.max_model_len or max_len
+    if lora_rank is not None:
+        kw.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=1)
     kw.update(c.engine_kwargs)
     return kw
 
@@ -73,6 +81,21 @@ class VLLMStrategy(InferenceStrategy):
         self._ids = itertools.count()
         self.vconfig = parse_strategy_config("vllm", worker_config.strategy_args.strategy_config,
                                              f"{self.context.role}.strategy_args.strategy_config")
+        self.adapters: AdapterFolders | None = None  # LoRA run with the adapter applied here: its synced versions
+        self.lora_request: Any = None  # the LoRARequest of the adapter now in use (every request names it)
+
+    def _lora_slot(self) -> int | None:
+        """The rank of the engine's LoRA slots when it applies the trainer's adapter itself; None: merged syncs."""
+        rank = self.context.lora_rank
+        if rank is None or not self.vconfig.lora_adapters or self.vconfig.load_format == "dummy":
+            return None  # (dummy: no base weights to adapt; the merged sync fills them)
+        if self._sleep_mode() and self.vconfig.sleep_level == 2:
+            return None  # level-2 sleep drops the base weights: every sync must bring them whole
+        return vllm_lora_slot(rank)
+
+    @property
+    def accepts_adapters(self) -> bool:
+        return self._lora_slot() is not None
 
     def initialize(self) -> None:
         check_backend("vllm", f"{self.context.role}.strategy_args.strategy_name")
@@ -85,10 +108,16 @@ class VLLMStrategy(InferenceStrategy):
         path = f"{self.context.role}.strategy_args.strategy_config"
         check_passthrough(self.vconfig.engine_kwargs, {f.name for f in dataclasses.fields(AsyncEngineArgs)}, path)
         model_path = ensure_hf_folder(margs.model_name_or_path, margs.gguf_file)
+        slot = self._lora_slot()
+        if self.context.lora_rank is not None and slot is None:
+            log.info("vllm: LoRA run, the engine receives merged full weights (lora_adapters=%s, load_format=%s, "
+                     "rank %d)", self.vconfig.lora_adapters, self.vconfig.load_format, self.context.lora_rank)
         kwargs = engine_kwargs(self.vconfig, model_path, margs.dtype, self.context.seed, self.context.colocated,
-                               self.context.max_sequence_length, margs.trust_remote_code)
-        log.info("vllm: starting AsyncLLM (tp=%d, load_format=%s, sleep mode=%s)", self.vconfig.tensor_parallel_size,
-                 kwargs["load_format"], kwargs["enable_sleep_mode"])
+                               self.context.max_sequence_length, margs.trust_remote_code, lora_rank=slot)
+        if slot is not None:
+            self.adapters = AdapterFolders()
+        log.info("vllm: starting AsyncLLM (tp=%d, load_format=%s, sleep mode=%s, LoRA slots of rank %s)",
+                 self.vconfig.tensor_parallel_size, kwargs["load_format"], kwargs["enable_sleep_mode"], slot)
         self.runner = LoopThread("vllm-engine")
 
         async def start() -> Any:
@@ -127,7 +156,8 @@ class VLLMStrategy(InferenceStrategy):
             seed = None if params.seed is None else params.seed + index
             final = None
             async for out in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt)),
-                                                  self._sampling(params, seed), request_id=f"roll-{next(self._ids)}"):
+                                                  self._sampling(params, seed), request_id=f"roll-{next(self._ids)}",
+                                                  lora_request=self.lora_request):
                 final = out
             completion = final.outputs[0]
             tokens = list(completion.token_ids)
@@ -156,7 +186,7 @@ class VLLMStrategy(InferenceStrategy):
             final = None
             async for o in self.engine.generate(TokensPrompt(prompt_token_ids=tokens),
                                                 self._sampling(greedy, None, prompt_logprobs=0),
-                                                request_id=f"roll-lp-{next(self._ids)}"):
+                                                request_id=f"roll-lp-{next(self._ids)}", lora_request=self.lora_request):
                 final = o
             for t in range(1, len(tokens)):  # position 0 has no log-prob
                 out[i, positions[t]] = float(final.prompt_logprobs[t][tokens[t]].logprob)
@@ -168,12 +198,44 @@ class VLLMStrategy(InferenceStrategy):
         return out
 
     # --- weights and memory
+    def configure_adapter(self, config: dict[str, Any]) -> None:
+        """The trainer's LoRA adapter (peft config): its tensors arrive with each sync."""
+        slot = self._lora_slot()
+        if self.adapters is None or slot is None:
+            raise RuntimeError("vllm: this engine was started without LoRA slots; it takes merged weights")
+        if int(config["r"]) > slot:
+            raise ValueError(f"vllm: the trainer's LoRA rank {config['r']} exceeds the engine's slots ({slot})")
+        self.adapters.configure(config)
+
     def load_weights(self, named_tensors: NamedTensors) -> None:
         assert self.engine is not None and self.runner is not None, "initialize() first"
+        if self.adapters is not None and any(is_adapter_tensor(name) for name, _ in named_tensors):
+            self.adapters.add(named_tensors)  # registered as a whole in finish_weight_sync
+            return
         self._wake(["weights"])
         payload = [(name, tensor.contiguous()) for name, tensor in named_tensors]
         self.runner.run(self.engine.collective_rpc("roll_load_weights", args=(payload,)))
         self.runner.run(self.engine.reset_prefix_cache())  # cached KV blocks belong to the old weights
+
+    def finish_weight_sync(self) -> None:
+        """A LoRA sync's adapter, now whole: registered under a new id, the previous one removed (its KV blocks
+        are keyed by its id, so none is reused)."""
+        if self.adapters is None or self.runner is None:
+            return
+        published = self.adapters.publish()
+        if published is None:
+            return
+        version, folder = published
+        from vllm.lora.request import LoRARequest
+
+        self._wake(["weights"])
+        request = LoRARequest(lora_name=f"roll-policy-v{version}", lora_int_id=version, lora_path=folder)
+        if not self.runner.run(self.engine.add_lora(request)):
+            raise RuntimeError(f"vllm: the engine did not take the synced LoRA adapter ({folder})")
+        previous, self.lora_request = self.lora_request, request
+        if previous is not None:
+            self.runner.run(self.engine.remove_lora(previous.lora_int_id))
+            self.adapters.remove(previous.lora_int_id)
 
     def offload(self) -> None:
         if self.engine is None or self.runner is None or not self._sleep_mode():
@@ -201,5 +263,7 @@ class VLLMStrategy(InferenceStrategy):
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None
+        if self.adapters is not None:
+            self.adapters.close()
         if self.runner is not None:
             self.runner.close()

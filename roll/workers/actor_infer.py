@@ -35,6 +35,9 @@ class ActorInferWorker(RoleWorker):
     def configure_adapter(self, config: dict) -> None:
         self.strategy.configure_adapter(config)
 
+    def finish_weight_sync(self) -> None:
+        self.strategy.finish_weight_sync()
+
     def compute_log_probs(self, batch: Batch) -> Batch:
         return Batch({"infer_logprobs": self.strategy.compute_log_probs(batch)})
 

@@ -92,6 +92,8 @@ class ActorTrainWorker(RoleWorker):
                 calls += [w.update_weights.remote(ref) for w in remote]
             ray.get(calls)
             sent += sum(t.numel() * t.element_size() for _, t in bucket)
+        if self.rank == 0:
+            ray.get([w.finish_weight_sync.remote() for w in infer_workers])
         return {"time/weight_sync_s": time.perf_counter() - start, "weight_sync/bytes": float(sent),
                 "weight_sync/adapter_only": float(adapters)}
 

@@ -40,7 +40,7 @@ class RoleWorker:
                                max_grad_norm=s.get("max_grad_norm", 1.0),
                                train_calls=s.get("train_calls", {}).get(self.role, 1000),
                                colocated=self.role in s.get("colocated_roles", ()),
-                               max_sequence_length=s.get("sequence_length"))
+                               max_sequence_length=s.get("sequence_length"), lora_rank=s.get("lora_rank"))
 
     def initialize(self) -> None:
         cls = default_registry().resolve(self.config.strategy_args.strategy_name, self.role)

@@ -5,7 +5,11 @@
    (compute_log_probs), against an fp32 HF forward of the same tokens;
 3. weight sync: every weight perturbed on the HF side, sent in 64 MiB buckets through load_weights;
    sync time, then agreement with the perturbed HF model (the sync really arrived);
-4. colocation: GPU memory in use before / after offload (sleep / release) and after reload.
+4. colocation: GPU memory in use before / after offload (sleep / release) and after reload;
+5. LoRA: a second engine started as a LoRA run starts it (slots of the trainer's rank) receives a rank-8
+   adapter on every linear layer through the adapter-only sync (configure_adapter, buckets,
+   finish_weight_sync); its log-probs against an fp32 HF forward with the adapter applied by peft, sync time
+   and bytes against the full-weight sync, and a second sync (the new version replaces the old).
 """
 
 from __future__ import annotations
@@ -92,4 +96,69 @@ def run(strategy_name: str, strategy_config: dict) -> None:
     results["logprobs_after_sync_vs_old_hf"] = stale  # must be far off: the sync changed the weights
     ok = within(sampled) and within(given) and within(after) and stale["mean_abs"] > 5 * after["mean_abs"]
     getattr(strategy, "shutdown", lambda: None)()
-    emit(f"{strategy_name}_check", results, ok)
+    del strategy
+    torch.cuda.empty_cache()
+    results["lora"], lora_ok = lora_check(cls, cfg, path, sequences[:16], ref[:16])
+    emit(f"{strategy_name}_check", results, ok and lora_ok)
+
+
+def random_adapter(path: str, rank: int = 8, seed: int = 5) -> tuple[dict, dict]:
+    """(peft config, tensors in peft names) of a LoRA adapter on every linear layer, B not zero."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from roll.models.lora import target_modules
+
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    # module names as actor_train's all-linear gives them (roll.models.lora.target_modules)
+    model = get_peft_model(base, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=target_modules("all-linear", base)))
+    tensors = {}
+    for name, p in model.named_parameters():
+        if ".lora_" in name:
+            tensors[name] = (0.2 * torch.randn_like(p) if ".lora_B." in name else p.detach()).contiguous()
+    config = model.peft_config["default"].to_dict()
+    config["target_modules"] = sorted(config["target_modules"])
+    config["peft_type"] = str(config["peft_type"].value if hasattr(config["peft_type"], "value") else config["peft_type"])
+    config["task_type"] = None
+    return config, tensors
+
+
+def lora_check(cls, cfg, path: str, sequences: list[list[int]], base_ref: list[list[float]]) -> tuple[dict, bool]:
+    import torch
+
+    from roll.distributed.batch import Batch
+    from roll.strategies.base import SamplingParams, StrategyContext
+
+    config, tensors = random_adapter(path)
+    strategy = cls(cfg, StrategyContext(role="actor_infer", seed=1, colocated=True, max_sequence_length=512,
+                                        lora_rank=config["r"]))
+    strategy.initialize()
+    out: dict = {"accepts_adapters": bool(strategy.accepts_adapters)}
+    width = max(len(s) for s in sequences)
+    ids = torch.zeros((len(sequences), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, s in enumerate(sequences):
+        ids[i, :len(s)], mask[i, :len(s)] = torch.tensor(s), 1
+    batch = Batch({"input_ids": ids, "attention_mask": mask})
+    ref = hf_logprobs(path, sequences, adapter=(config, tensors))
+    ok = out["accepts_adapters"]
+    for attempt in (1, 2):  # the second sync replaces the first version
+        with Clock() as c:
+            strategy.configure_adapter(config)
+            for part in buckets(tensors, 4 << 20):
+                strategy.load_weights(part)
+            strategy.finish_weight_sync()
+        out[f"sync_{attempt}"] = {"bytes": sum(t.numel() * t.element_size() for t in tensors.values()), "seconds": c.seconds}
+    lp = strategy.compute_log_probs(batch)
+    got = [lp[i, 1:len(s)].tolist() for i, s in enumerate(sequences)]
+    out["logprobs_vs_hf_with_adapter"] = agreement(got, ref)
+    out["logprobs_vs_hf_base"] = agreement(got, base_ref)  # must be far off: the adapter is applied
+    gens = strategy.generate([s[:32] for s in sequences], SamplingParams(max_new_tokens=16, temperature=1.0, seed=3))
+    sampled_ref = hf_logprobs(path, [s[:32] + g.token_ids for s, g in zip(sequences, gens)], adapter=(config, tensors))
+    out["sampled_logprobs_vs_hf_with_adapter"] = agreement([g.logprobs for g in gens], [r[31:] for r in sampled_ref])
+    ok = ok and within(out["logprobs_vs_hf_with_adapter"]) and within(out["sampled_logprobs_vs_hf_with_adapter"])
+    ok = ok and out["logprobs_vs_hf_base"]["mean_abs"] > 5 * out["logprobs_vs_hf_with_adapter"]["mean_abs"]
+    getattr(strategy, "shutdown", lambda: None)()
+    return out, ok

@@ -15,7 +15,7 @@ from _common import require, require_cuda
 
 if __name__ == "__main__":
     require_cuda()
-    require("transformers", "tokenizers", "sglang")
+    require("transformers", "tokenizers", "peft", "sglang")
     from _inference_check import run
 
     run("sglang", {"mem_fraction_static": 0.3, "context_length": 512})

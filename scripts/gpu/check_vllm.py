@@ -13,7 +13,7 @@ from _common import require, require_cuda
 
 if __name__ == "__main__":
     require_cuda()
-    require("transformers", "tokenizers", "vllm")
+    require("transformers", "tokenizers", "peft", "vllm")
     from _inference_check import run
 
     run("vllm", {"gpu_memory_utilization": 0.3, "block_size": 16, "max_model_len": 512, "enforce_eager": False})

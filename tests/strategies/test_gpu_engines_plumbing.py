@@ -4,6 +4,7 @@ they make. The engines themselves run only on a GPU machine (scripts/gpu/)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 from dataclasses import dataclass, field
@@ -64,10 +65,12 @@ class _Lp:
 @dataclass
 class _FakeAsyncLLM:
     calls: list = field(default_factory=list)
+    loras_named: list = field(default_factory=list)  # the lora_request of each generate call
 
-    async def generate(self, prompt: dict, params: Any, request_id: str):
+    async def generate(self, prompt: dict, params: Any, request_id: str, lora_request: Any = None):
         ids = prompt["prompt_token_ids"]
         self.calls.append(("generate", tuple(ids), params.kw.get("seed")))
+        self.loras_named.append(lora_request)
         if params.kw.get("prompt_logprobs") == 0:  # log p(x_t) = -t/10 for prompt token t
             lps = [None] + [{tok: _Lp(-t / 10)} for t, tok in enumerate(ids) if t > 0]
             yield types.SimpleNamespace(prompt_logprobs=lps, outputs=[])
@@ -86,6 +89,14 @@ class _FakeAsyncLLM:
 
     async def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache",))
+
+    async def add_lora(self, request: Any) -> bool:
+        self.calls.append(("add_lora", request.lora_int_id, request.lora_path))
+        return True
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        self.calls.append(("remove_lora", lora_id))
+        return True
 
     async def sleep(self, level: int = 1):
         self.calls.append(("sleep", level))
@@ -109,15 +120,27 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     sp.RequestOutputKind = types.SimpleNamespace(FINAL_ONLY="final")
     inputs = types.ModuleType("vllm.inputs")
     inputs.TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
-    for name, mod in {"vllm": root, "vllm.sampling_params": sp, "vllm.inputs": inputs}.items():
+    lora = types.ModuleType("vllm.lora.request")
+
+    @dataclass
+    class _LoRARequest:  # the keyword fields of vllm.lora.request.LoRARequest that the strategy sets
+        lora_name: str
+        lora_int_id: int
+        lora_path: str
+
+    lora.LoRARequest = _LoRARequest
+    for name, mod in {"vllm": root, "vllm.sampling_params": sp, "vllm.inputs": inputs, "vllm.lora.request": lora}.items():
         monkeypatch.setitem(sys.modules, name, mod)
 
 
-def _vllm(colocated: bool) -> tuple[vllm_strategy.VLLMStrategy, _FakeAsyncLLM]:
+def _vllm(colocated: bool, lora_rank: int | None = None,
+          strategy_config: dict | None = None) -> tuple[vllm_strategy.VLLMStrategy, _FakeAsyncLLM]:
     from roll.strategies.async_runner import LoopThread
 
     cfg = worker_config("unused", "vllm")
-    s = vllm_strategy.VLLMStrategy(cfg, StrategyContext(role="actor_infer", colocated=colocated))
+    if strategy_config:
+        cfg = dataclasses.replace(cfg, strategy_args=dataclasses.replace(cfg.strategy_args, strategy_config=strategy_config))
+    s = vllm_strategy.VLLMStrategy(cfg, StrategyContext(role="actor_infer", colocated=colocated, lora_rank=lora_rank))
     s.engine, s.runner = _FakeAsyncLLM(), LoopThread()
     return s, s.engine
 
@@ -157,15 +180,25 @@ def test_vllm_colocated_sleep_wake_and_sync(fake_vllm: None) -> None:
 class _FakeSGLang:
     def __init__(self) -> None:
         self.calls: list = []
+        self.loras_named: list = []  # the lora_path of each generate call
 
-    def generate(self, input_ids, sampling_params, return_logprob, logprob_start_len=None):
+    def generate(self, input_ids, sampling_params, return_logprob, logprob_start_len=None, lora_path=None):
         self.calls.append(("generate", len(input_ids)))
+        self.loras_named.append(lora_path)
         if logprob_start_len == 0:
             return [{"meta_info": {"input_token_logprobs": [(None, ids[0], None)] + [(-0.1 * t, tok, None)
                                                                                     for t, tok in enumerate(ids) if t]}}
                     for ids in input_ids]
         return [{"meta_info": {"output_token_logprobs": [(-0.25, ids[-1] + 1, None), (-0.75, 2, None)],
                                "finish_reason": {"type": "stop", "matched": 2}}} for ids in input_ids]
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str):
+        self.calls.append(("load_lora", lora_name, lora_path))
+        return types.SimpleNamespace(success=True, error_message=None)
+
+    def unload_lora_adapter(self, lora_name: str):
+        self.calls.append(("unload_lora", lora_name))
+        return types.SimpleNamespace(success=True, error_message=None)
 
     def update_weights_from_tensor(self, named_tensors, flush_cache):
         self.calls.append(("update", len(named_tensors), flush_cache))

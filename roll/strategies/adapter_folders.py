@@ -1,0 +1,76 @@
+"""A LoRA adapter that arrives over a weight sync, written where inference engines load adapters from.
+
+vLLM (``LoRARequest.lora_path``) and SGLang (``Engine.load_lora_adapter``) take an adapter as a folder in
+peft's format (adapter_config.json + adapter_model.safetensors). A sync's buckets are gathered here and,
+once all have arrived, written to a new folder per version, under /dev/shm where the machine has it
+(memory, not disk). The engine is then told to load that version; the folder of the version before is
+removed once the engine no longer uses it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import torch
+
+from roll.models.lora import save_hf_adapter
+
+# vLLM sizes its LoRA slots by one of these ranks (vllm.config.lora.MaxLoRARanks)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_slot(rank: int) -> int | None:
+    """The smallest rank vLLM accepts as ``max_lora_rank`` that holds ``rank``; None when none does."""
+    return next((r for r in VLLM_LORA_RANKS if r >= rank), None)
+
+
+def is_adapter_tensor(name: str) -> bool:
+    return ".lora_A." in name or ".lora_B." in name
+
+
+class AdapterFolders:
+    """Collects one sync's adapter tensors and writes each version as a peft folder."""
+
+    def __init__(self, root: str | None = None) -> None:
+        base = root or ("/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None)
+        self.root = tempfile.mkdtemp(prefix="roll-lora-", dir=base)
+        self.config: dict[str, Any] | None = None
+        self.pending: dict[str, torch.Tensor] = {}
+        self.version = 0
+
+    def configure(self, config: dict[str, Any]) -> None:
+        """The trainer's peft config (once; an adapter that changes shape mid-run is refused)."""
+        if self.config is not None and self.config != config:
+            raise ValueError("weight sync: the trainer's LoRA adapter changed shape during the run")
+        self.config = config
+
+    def add(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """One bucket of adapter tensors, copied (a bucket's tensors may be views of a buffer the next bucket
+        overwrites)."""
+        for name, tensor in named_tensors:
+            if not is_adapter_tensor(name):
+                raise KeyError(f"weight sync: {name!r} is not a LoRA adapter tensor, but this engine was told to "
+                               "expect the adapter alone")
+            self.pending[name] = tensor.detach().to("cpu", copy=True)
+
+    def publish(self) -> tuple[int, str] | None:
+        """Write the gathered tensors as the next version's folder; (version, folder), or None when nothing
+        arrived since the last one."""
+        if not self.pending:
+            return None
+        if self.config is None:
+            raise RuntimeError("weight sync: adapter tensors arrived before the adapter's config")
+        self.version += 1
+        folder = os.path.join(self.root, f"v{self.version}")
+        save_hf_adapter(folder, self.pending, self.config)
+        self.pending = {}
+        return self.version, folder
+
+    def remove(self, version: int) -> None:
+        shutil.rmtree(os.path.join(self.root, f"v{version}"), ignore_errors=True)
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
