@@ -136,8 +136,10 @@ class RolloutScheduler:
         take_generation_stats: Callable[[], dict[str, float]] | None = None,
         fixed_seeds: bool = False,
         monitor: Any = None,
+        group_filter: Any = None,
     ) -> None:
         self.name = name
+        self.group_filter = group_filter  # group_filter_cls's instance; None keeps every group
         self.monitor = monitor  # env_monitor settings (enable, monitor_interval, hung_timeout); None: off
         self.fixed_seeds = fixed_seeds
         self.slots = slots
@@ -172,32 +174,75 @@ class RolloutScheduler:
 
     def collect(self, n: int, step: int = 0) -> RolloutResult:
         start = time.perf_counter()
-        requests = self.requests(step)
-        trajectories: list[Trajectory] = []
-        errors: list[EnvError] = []
         with self._activity_monitor() as monitor:
-            if len(self.managers) == 1:
-                trajectories, errors = self._run_manager(0, requests)
-            else:
-                from concurrent.futures import ThreadPoolExecutor
-
-                ids = [{s.env_id for s in part} for _, part in self.placement]
-                with ThreadPoolExecutor(len(self.managers)) as pool:
-                    parts = pool.map(lambda i: self._run_manager(i, [r for r in requests if r.slot.env_id in ids[i]]),
-                                     range(len(self.managers)))
-                    for t, e in parts:
-                        trajectories += t
-                        errors += e
+            scheduled, errors = self._run_all(self.requests(step))
+            trajectories, dropped, kept = self._filter_groups(scheduled, errors, step)
         wall = time.perf_counter() - start
         self._check_healthy(trajectories, errors, n)
         chosen, incomplete, redundant = self._whole_groups(trajectories, n)
         batch = self.to_batch(chosen, step)
-        metrics = self._metrics(chosen, errors, incomplete, wall)
+        # scores are of the step's scheduled levels (before any replay), so curves compare with and without a filter
+        played, _, _ = self._whole_groups(scheduled, n) if self.group_filter is not None else (chosen, 0, 0)
+        metrics = self._metrics(played, errors, incomplete, wall)
         metrics[f"{self.name}/redundant_left_out"] = float(redundant)
+        if self.group_filter is not None:
+            metrics[f"{self.name}/groups_filtered"] = float(dropped)
+            metrics[f"{self.name}/groups_kept_after_resamples"] = float(kept)
+            metrics[f"{self.name}/trained_score"] = float(np.mean([t.score for t in chosen])) if chosen else 0.0
         metrics[f"{self.name}/env_hung_reports"] = float(monitor.reports)
         if self.render_dir is not None:
             self._render(chosen, step)
         return RolloutResult(batch, metrics, chosen)
+
+    def _run_all(self, requests: list[EpisodeRequest]) -> tuple[list[Trajectory], list[EnvError]]:
+        """Every request, each on the manager that hosts its env (managers in parallel)."""
+        if len(self.managers) == 1:
+            return self._run_manager(0, requests)
+        from concurrent.futures import ThreadPoolExecutor
+
+        trajectories: list[Trajectory] = []
+        errors: list[EnvError] = []
+        ids = [{s.env_id for s in part} for _, part in self.placement]
+        with ThreadPoolExecutor(len(self.managers)) as pool:
+            parts = pool.map(lambda i: self._run_manager(i, [r for r in requests if r.slot.env_id in ids[i]]),
+                             range(len(self.managers)))
+            for t, e in parts:
+                trajectories += t
+                errors += e
+        return trajectories, errors
+
+    def _filter_groups(self, trajectories: list[Trajectory], errors: list[EnvError],
+                       step: int) -> tuple[list[Trajectory], int, int]:
+        """Complete groups the group filter drops are played again on a fresh level, at most
+        group_filter_max_resamples times. Returns (trajectories, groups dropped, groups kept at the limit)."""
+        if self.group_filter is None:
+            return trajectories, 0, 0
+        size = self.em.group_size
+        limit = int(getattr(self.em, "group_filter_max_resamples", 0))
+        seed_step = 0 if self.fixed_seeds else step
+        pending = None  # group keys to ask about: all at first, then only the replayed ones
+        dropped = 0
+        for replay in range(1, limit + 2):
+            groups: dict[tuple[int, int], list[Trajectory]] = {}
+            for t in trajectories:
+                groups.setdefault((t.request.episode, t.request.slot.group_id), []).append(t)
+            asked = [k for k in sorted(groups) if (pending is None or k in pending) and len(groups[k]) >= size]
+            drop = {k for k in asked if self.group_filter.filter(k[1], k[0],
+                                                                 sorted(groups[k], key=lambda t: t.request.slot.env_id)[:size])}
+            if not drop:
+                return trajectories, dropped, 0
+            if replay > limit:
+                return trajectories, dropped, len(drop)
+            dropped += len(drop)
+            trajectories = [t for t in trajectories if (t.request.episode, t.request.slot.group_id) not in drop]
+            requests = [EpisodeRequest(slot, mix_seed(self.seed, self.name, seed_step, group, episode, "replay", replay),
+                                       episode)
+                        for episode, group in sorted(drop) for slot in self.slots if slot.group_id == group]
+            more, errs = self._run_all(requests)
+            trajectories += more
+            errors += errs
+            pending = drop
+        return trajectories, dropped, 0
 
     def _activity_monitor(self) -> ActivityMonitor:
         """The env monitor of one collection (interval 0: off). Managers without an activity record (a custom
@@ -469,4 +514,6 @@ def make_rollout(cfg: Any, mode: str, template: ChatTemplate, factory_for: Calla
         take_generation_stats=take_stats,
         fixed_seeds=mode != "train",
         monitor=cfg.env_monitor,
+        group_filter=import_path(em.group_filter_cls)(cfg, em, "train" if mode == "train" else "val")
+        if em.group_filter_cls else None,
     )

@@ -346,6 +346,8 @@ def _finalize_env_manager(cfg: schema.PipelineConfig, name: str, batch: int) -> 
             raise ConfigError(f"{name}.{key}", f"must be >= 1, got {getattr(em, key)}")
     if em.group_size_redundancy < 0:
         raise ConfigError(f"{name}.group_size_redundancy", f"must be >= 0, got {em.group_size_redundancy}")
+    if em.group_filter_max_resamples < 0:
+        raise ConfigError(f"{name}.group_filter_max_resamples", f"must be >= 0, got {em.group_filter_max_resamples}")
     if not em.tags:
         raise ConfigError(f"{name}.tags", "must name at least one env tag from custom_envs")
     for i, tag in enumerate(em.tags):

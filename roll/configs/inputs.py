@@ -32,6 +32,7 @@ def check_inputs(cfg: schema.PipelineConfig, rollout_only: bool = False) -> None
         em = getattr(cfg, name)
         _check_class_path(f"{name}.worker_cls", em.worker_cls)
         _check_manager_path(f"{name}.env_manager_cls", em.env_manager_cls)
+        _check_class_path(f"{name}.group_filter_cls", em.group_filter_cls)
     used = dict.fromkeys(cfg.train_env_manager.tags + (cfg.val_env_manager.tags if validation else []))
     for tag in used:
         _check_env(f"custom_envs.{tag}", cfg.custom_envs[tag])

@@ -110,8 +110,5 @@ REFUSED: dict[str, dict[str, Refusal]] = {
         "llm_proxy": Refusal(
             "only the policy (actor_infer) answers the envs here; an openai or random proxy is not shipped",
             lambda v: v is None or (isinstance(v, dict) and v.get("proxy_type", "policy") == "policy")),
-        "group_filter_cls": Refusal(
-            "group filters are not shipped (they change which groups train); remove the key",
-            _off(None, "roll.pipeline.agentic.agentic_pipeline.GroupFilter")),
     },
 }

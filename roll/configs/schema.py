@@ -248,6 +248,14 @@ class EnvManagerConfig:
     generating_args: GeneratingArgs | None = opt(
         None, "Sampling override for this manager (e.g. greedy validation); unset: actor_infer's."
     )
+    group_filter_cls: str | None = opt(
+        None, "Import path of a group filter: built as cls(config, env_manager_config, mode), asked filter(group_id, "
+        "episode_id, group) -> True to drop a complete group, which is then played again on a fresh level (group: "
+        "that group's Trajectory objects). roll.agentic.group_filters.DropUniformRewards drops training groups whose "
+        "episodes all scored the same (they carry no GRPO gradient). Unset (or ROLL's default GroupFilter): keep all.")
+    group_filter_max_resamples: int = opt(
+        3, "Times one collection replays a group its filter dropped; after that the group's last episodes are kept "
+        "(counted in <rollout>/groups_kept_after_resamples).")
 
 
 @dataclass

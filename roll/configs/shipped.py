@@ -28,6 +28,7 @@ ROLL_CLASSES: dict[str, str] = {
     "roll.pipeline.base_worker.ActorWorker": ACTOR_WORKER,
     "roll.pipeline.base_worker.CriticWorker": "roll.workers.critic.CriticWorker",
     "roll.pipeline.agentic.environment_worker.EnvironmentWorker": "roll.agentic.rollout.EnvManagerHost",
+    "roll.pipeline.agentic.agentic_pipeline.GroupFilter": "roll.agentic.group_filters.GroupFilter",
 }
 ROLL_PG_WORKER = "roll.pipeline.agentic.agentic_actor_pg_worker.ActorWorker"
 # ROLL's actor workers that do not read pg_variant (their loss is the PPO of the top-level keys)

@@ -369,3 +369,52 @@ def test_the_env_monitor_can_be_switched_off(tok, caplog):
         result = r.collect(8, step=0)
     assert result.metrics["rollout/env_hung_reports"] == 0.0
     assert not [rec for rec in caplog.records if rec.name == "roll.agentic.env_monitor"]
+
+
+class DropGroupZeroOnce:
+    """A group filter (ROLL's interface) that drops group 0 the first time it is asked, and records its calls."""
+
+    calls: list = []
+
+    def __init__(self, config, env_manager_config, mode):
+        self.mode = mode
+        DropGroupZeroOnce.calls = []
+
+    def filter(self, group_id, episode_id, group):
+        DropGroupZeroOnce.calls.append((group_id, episode_id, len(group), group[0].request.seed))
+        return group_id == 0 and len(DropGroupZeroOnce.calls) <= 2
+
+
+def test_a_group_filter_replays_the_groups_it_drops_on_fresh_levels(tok):
+    cfg = config("+train_env_manager.group_filter_cls=tests.agentic.test_rollout.DropGroupZeroOnce")
+    r, _ = rollout(cfg, tok, ScriptedPolicy(tok, ANSWERS))
+    result = r.collect(8, step=2)
+    calls = DropGroupZeroOnce.calls
+    # asked about both groups once, then only about the replayed group 0 (kept the second time)
+    assert [(g, e, n) for g, e, n, _ in calls] == [(0, 0, 4), (1, 0, 4), (0, 0, 4)]
+    assert calls[2][3] != calls[0][3]  # the replay is a fresh level
+    seeds = {t.request.slot.group_id: t.request.seed for t in result.trajectories}
+    assert seeds == {0: calls[2][3], 1: calls[1][3]} and len(result.batch) == 8
+    assert result.metrics["rollout/groups_filtered"] == 1.0 and result.metrics["rollout/groups_kept_after_resamples"] == 0.0
+
+
+def test_uniform_groups_are_dropped_up_to_the_resample_limit(tok):
+    cfg = config("+train_env_manager.group_filter_cls=roll.agentic.group_filters.DropUniformRewards",
+                 "+train_env_manager.group_filter_max_resamples=2")
+    r, _ = rollout(cfg, tok, ScriptedPolicy(tok, ["<answer>Up</answer>"]))  # one answer: every group scores alike
+    result = r.collect(8, step=0)
+    assert result.metrics["rollout/groups_filtered"] == 4.0  # 2 groups x 2 replays
+    assert result.metrics["rollout/groups_kept_after_resamples"] == 2.0 and len(result.batch) == 8
+    assert "rollout/trained_score" in result.metrics  # (rollout/score stays the scheduled levels')
+    val, _ = rollout(config("+val_env_manager.group_filter_cls=roll.agentic.group_filters.DropUniformRewards"), tok,
+                     ScriptedPolicy(tok, ["<answer>Up</answer>"]), mode="val")
+    assert val.collect(4, step=0).metrics["val/groups_filtered"] == 0.0  # validation keeps every group
+
+
+def test_a_group_filter_that_does_not_import_stops_at_load(tmp_path):
+    from roll.configs.errors import ConfigError
+    from roll.configs.inputs import check_inputs
+
+    cfg = config("+train_env_manager.group_filter_cls=no.such.Filter", f"output_dir={tmp_path}")
+    with pytest.raises(ConfigError, match="train_env_manager.group_filter_cls"):
+        check_inputs(cfg)

@@ -128,7 +128,6 @@ def test_a_roll_config_naming_deepspeed_pieces_finds_ours(tmp_path, capsys):
     ("+actor_train.model_args.additional_target=embed_tokens", "additional_target"),
     ("+actor_infer.generating_args.min_new_tokens=4", "min_new_tokens"),
     ("+force_disable_old_logprobs_recompute=true", "force_disable_old_logprobs_recompute"),
-    ("+train_env_manager.group_filter_cls=my.Filter", "group_filter_cls"),
     ("+actor_train.apply_loss_scale=false", "apply_loss_scale"),
     ("+train_env_manager.llm_proxy={proxy_type: openai}", "llm_proxy"),
 ])
