@@ -21,6 +21,7 @@ from typing import Any
 import _common  # (also puts the repo on sys.path)
 
 CURVES = ("score", "success", "valid")
+RANDOM_PLAYS = 16
 
 
 def rollout_curves(metrics: dict[str, float], prefix: str, tag: str) -> dict[str, float]:
@@ -66,7 +67,9 @@ def baselines(cfg: Any, steps: list[int]) -> dict[str, dict[str, dict[str, float
                     if policy == "solver" and (r.seed, r.slot.group_id) in seen:
                         continue  # the solver plays a group's shared level the same way every time
                     seen.add((r.seed, r.slot.group_id))
-                    episodes.append(play(r.slot.entry, r.seed, policy, rng))
+                    # random play: its expectation on each episode (mean of RANDOM_PLAYS games), not one draw
+                    for _ in range(RANDOM_PLAYS if policy == "random" else 1):
+                        episodes.append(play(r.slot.entry, r.seed, policy, rng))
             out[policy][mode] = {k: sum(e[k] for e in episodes) / len(episodes) for k in CURVES}
     return out
 
@@ -154,17 +157,28 @@ def main() -> None:
 
         wall = _common.run_pipeline(cfg, Recorder)
     base = baselines(cfg, [h["step"] for h in train])
+    # one step is 2-4 levels: "at the end" is also read over the last quarter of the steps (at least 4), against
+    # the baselines on exactly those steps' episodes
+    window = train[-max(4, len(train) // 4):]
+    end = {k: sum(h[k] for h in window) / len(window) for k in CURVES} if window else {}
+    end_base = baselines(cfg, [h["step"] for h in window]) if window else {}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     first, last = (train[0], train[-1]) if train else ({}, {})
     summary = {"config": args.config_name, "steps": len(train), "wall_s": wall, "train": train, "val": val,
-               "baselines": base, "first_step": first, "last_step": last}
+               "baselines": base, "first_step": first, "last_step": last,
+               "end_window": {"steps": [h["step"] for h in window], "policy": end,
+                              "baselines": {p: end_base[p]["train"] for p in end_base}}}
     out.with_suffix(".json").write_text(json.dumps(summary, indent=1))
     print(f"{args.config_name}: {len(train)} steps" + (f" in {wall / 60:.1f} min" if wall else ""))
     for key in CURVES:
         if train:
             print(f"  {key:8s} first step {first[key]:7.3f}  last step {last[key]:7.3f}   random {base['random']['train'][key]:7.3f}"
                   f"  solver {base['solver']['train'][key]:7.3f}")
+    if window:
+        print(f"  last {len(window)} steps ({window[0]['step']}-{window[-1]['step']}): success {end['success']:.3f}  "
+              f"random {end_base['random']['train']['success']:.3f}  solver {end_base['solver']['train']['success']:.3f};"
+              f"  valid {end['valid']:.3f}; score {end['score']:.3f}  random {end_base['random']['train']['score']:.3f}")
     if val:
         print(f"  validation (fixed seeds): success {val[0]['success']:.3f} -> {val[-1]['success']:.3f}, "
               f"valid {val[0]['valid']:.3f} -> {val[-1]['valid']:.3f}   random {base['random']['val']['success']:.3f}"

@@ -386,7 +386,7 @@ class DropGroupZeroOnce:
 
 
 def test_a_group_filter_replays_the_groups_it_drops_on_fresh_levels(tok):
-    cfg = config("+train_env_manager.group_filter_cls=tests.agentic.test_rollout.DropGroupZeroOnce")
+    cfg = config("++train_env_manager.group_filter_cls=tests.agentic.test_rollout.DropGroupZeroOnce")
     r, _ = rollout(cfg, tok, ScriptedPolicy(tok, ANSWERS))
     result = r.collect(8, step=2)
     calls = DropGroupZeroOnce.calls
@@ -399,8 +399,8 @@ def test_a_group_filter_replays_the_groups_it_drops_on_fresh_levels(tok):
 
 
 def test_uniform_groups_are_dropped_up_to_the_resample_limit(tok):
-    cfg = config("+train_env_manager.group_filter_cls=roll.agentic.group_filters.DropUniformRewards",
-                 "+train_env_manager.group_filter_max_resamples=2")
+    cfg = config("++train_env_manager.group_filter_cls=roll.agentic.group_filters.DropUniformRewards",
+                 "++train_env_manager.group_filter_max_resamples=2")
     r, _ = rollout(cfg, tok, ScriptedPolicy(tok, ["<answer>Up</answer>"]))  # one answer: every group scores alike
     result = r.collect(8, step=0)
     assert result.metrics["rollout/groups_filtered"] == 4.0  # 2 groups x 2 replays
@@ -415,6 +415,6 @@ def test_a_group_filter_that_does_not_import_stops_at_load(tmp_path):
     from roll.configs.errors import ConfigError
     from roll.configs.inputs import check_inputs
 
-    cfg = config("+train_env_manager.group_filter_cls=no.such.Filter", f"output_dir={tmp_path}")
+    cfg = config("++train_env_manager.group_filter_cls=no.such.Filter", f"output_dir={tmp_path}")
     with pytest.raises(ConfigError, match="train_env_manager.group_filter_cls"):
         check_inputs(cfg)

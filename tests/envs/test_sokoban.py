@@ -177,6 +177,25 @@ def test_walls_and_blocked_boxes_make_ineffective_moves():
     assert info["metrics"]["action_is_effective"] == 0.0 and r == pytest.approx(-0.1)
 
 
+def test_a_blocked_move_penalty_costs_blocked_moves_only_and_says_so():
+    level = _level(["#######", "#PXX__#", "#__OO_#", "#######"])
+    env = SokobanEnv(blocked_move_penalty=-0.3)
+    env.reset(seed=0, options={"level": level})
+    obs, r, _, _, info = env.step("<answer>Up</answer>")  # into the wall
+    assert r == pytest.approx(-0.4) and info["metrics"]["action_is_effective"] == 0.0
+    assert obs.startswith("Up was blocked: nothing moved.\n") and obs.endswith(env.render_text())
+    obs, r, _, _, _ = env.step("<answer>Right</answer>")  # a box pushed against the other box
+    assert r == pytest.approx(-0.4) and obs.startswith("Right was blocked")
+    obs, r, _, _, _ = env.step("<answer>Down</answer>")  # an effective move: the plain step cost and board
+    assert r == pytest.approx(-0.1) and obs == env.render_text()
+    _, r, _, _, _ = env.step("invalid")  # a format error costs the format penalty, not the blocked one
+    assert r == pytest.approx(-0.1)
+    plain = SokobanEnv()
+    plain.reset(seed=0, options={"level": level})
+    obs, r, _, _, _ = plain.step("<answer>Up</answer>")  # 0 (ROLL's rewards): no cost, no note
+    assert r == pytest.approx(-0.1) and obs == plain.render_text()
+
+
 def test_truncation_at_max_steps():
     env = SokobanEnv(max_steps=2)
     env.reset(seed=3)
