@@ -81,3 +81,15 @@ def test_a_lora_run_takes_its_reference_from_the_adapter_free_actor(tiny_model_p
     assert last["weight_sync/adapter_only"] == 1.0 and "actor/kl_loss" in last and "time/reference" in last
     adapter = tmp_path / "out" / "checkpoints" / "step_000001" / "actor_train" / "adapter"
     assert (adapter / "adapter_config.json").is_file()
+
+
+def test_the_default_group_filter_runs_end_to_end(tiny_model_path, tmp_path):
+    """The default's DropUniformRewards filter in a whole run (Ray workers, env-manager actors): every step trains
+    on a full batch and logs how many groups it replayed."""
+    cfg = tiny_config(tiny_model_path, tmp_path, "max_steps=2", "eval_steps=0", "save_steps=0",
+                      "train_env_manager.group_filter_cls=roll.agentic.group_filters.DropUniformRewards",
+                      "train_env_manager.group_filter_max_resamples=1")
+    run(cfg)
+    scalars = read_scalars(tmp_path / "out" / "tb")
+    assert len(scalars["rollout/groups_filtered"]) == 2 and min(scalars["rollout/trajectories"]) == 4
+    assert all(0 <= kept <= 2 for kept in scalars["rollout/groups_kept_after_resamples"])
