@@ -22,7 +22,8 @@ ANSWERS = ["<answer>Up</answer>", "<answer>Down</answer>", "<answer>Left</answer
 def config(*overrides):
     base = ["rollout_batch_size=8", "val_batch_size=4", "train_env_manager.num_env_groups=2", "train_env_manager.group_size=4",
             "train_env_manager.num_groups_partition=[2]", "sequence_length=4096", "render_save_dir=null",
-            "val_env_manager.num_env_groups=4", "val_env_manager.num_groups_partition=[4]"]
+            "val_env_manager.num_env_groups=4", "val_env_manager.num_groups_partition=[4]",
+            "train_env_manager.group_filter_cls=null"]  # (the default's replaying filter is tested on its own)
     return load_config("agentic_sokoban", overrides=base + list(overrides)).config
 
 
