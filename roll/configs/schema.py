@@ -67,8 +67,9 @@ class ModelArgs:
     trust_remote_code: bool = opt(False, "Pass trust_remote_code to transformers when loading.")
     lora_target: str | None = opt(
         None, "Train LoRA adapters (peft) instead of the whole model, on these modules: comma-separated module names "
-        "(q_proj,v_proj), 'all-linear' (every linear layer but the output head), or a regular expression over module "
-        "paths (any of * $ | ( in it). Unset: no LoRA. actor_train: the adapters are trained; the reference policy is "
+        "(q_proj,v_proj), 'all-linear' (every linear layer but the output head), 'all-embedding' (the input embedding; "
+        "refused at start when the output head shares its weight), or a regular expression over module paths (any of "
+        "* $ | ( in it). Unset: no LoRA. actor_train: the adapters are trained; the reference policy is "
         "the same model with its adapters off. On megatron_train (dense models): all-linear, megatron's layer names "
         "(linear_qkv, linear_proj, linear_fc1, linear_fc2) or HF names covering each fused layer whole "
         "(q_proj,k_proj,v_proj together; gate_proj,up_proj together). actor_infer: receives the adapter's tensors "

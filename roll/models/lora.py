@@ -67,9 +67,16 @@ def add_adapter(model: torch.nn.Module, config: Any) -> torch.nn.Module:
     """``model`` with a fresh LoRA adapter (peft); only the adapter's parameters require gradients."""
     from peft import get_peft_model
 
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = head is not None and head.weight is embedding.weight
     peft_model = get_peft_model(model, config)
     if not any(p.requires_grad for p in peft_model.parameters()):
         raise ValueError(f"lora_target {config.target_modules!r} matches no module of the model")
+    if tied and any(getattr(m, "base_layer", None) is embedding for m in peft_model.modules()):
+        # peft adapts the lookup alone while the head keeps the shared base weight; a merge writes the update into
+        # the shared weight, head included, so merged syncs and the export would not be the policy that trained
+        raise ValueError(f"lora_target {config.target_modules!r} adapts the input embedding of a model whose output "
+                         "head shares that weight (tie_word_embeddings); leave the embedding out of lora_target")
     return peft_model
 
 
@@ -117,7 +124,8 @@ def merged_named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor
 
     deltas: dict[str, torch.Tensor] = {}
     for name, module in model.named_modules():
-        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A:
+        # an embedding keeps its adapter in lora_embedding_A / _B (its lora_A is empty)
+        if isinstance(module, LoraLayer) and (ADAPTER in module.lora_A or ADAPTER in module.lora_embedding_A):
             deltas[f"{name}.base_layer.weight"] = module.get_delta_weight(ADAPTER)
     out = []
     for name, param in model.named_parameters():
@@ -138,6 +146,10 @@ def save_hf_adapter(folder: str, tensors: Mapping[str, torch.Tensor], config: di
 
     os.makedirs(folder, exist_ok=True)
     peft_config(config).save_pretrained(folder)
-    # peft's file keys drop the adapter's name (it is given when loading)
-    save_file({k.replace(f".{ADAPTER}.", "."): v.contiguous() for k, v in tensors.items()},
-              os.path.join(folder, "adapter_model.safetensors"))
+    save_file({peft_file_key(k): v.contiguous() for k, v in tensors.items()}, os.path.join(folder, "adapter_model.safetensors"))
+
+
+def peft_file_key(name: str) -> str:
+    """A parameter's key in peft's adapter file: the adapter's name dropped (it is given when loading), whether it
+    sits inside the name (``lora_A.default.weight``) or ends it (an embedding's ``lora_embedding_A.default``)."""
+    return re.sub(rf"\.{ADAPTER}(?=\.|$)", "", name)

@@ -30,8 +30,9 @@ system user assistant tool The quick brown fox jumps over the lazy dog 012345678
 
 
 def build_tiny_model(path: str | Path, vocab_size: int = 512, hidden_size: int = 64, num_layers: int = 2,
-                     num_heads: int = 4, seed: int = 0) -> Path:
-    """Write a tiny Llama-style model and its tokenizer to ``path`` (returned)."""
+                     num_heads: int = 4, seed: int = 0, tie_word_embeddings: bool = True) -> Path:
+    """Write a tiny Llama-style model and its tokenizer to ``path`` (returned); the output head shares the input
+    embedding's weight unless ``tie_word_embeddings`` is False."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -53,7 +54,7 @@ def build_tiny_model(path: str | Path, vocab_size: int = 512, hidden_size: int =
     config = LlamaConfig(
         vocab_size=len(fast), hidden_size=hidden_size, intermediate_size=hidden_size * 2, num_hidden_layers=num_layers,
         num_attention_heads=num_heads, num_key_value_heads=num_heads, max_position_embeddings=2048,
-        tie_word_embeddings=True, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id, bos_token_id=None,
+        tie_word_embeddings=tie_word_embeddings, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id, bos_token_id=None,
     )
     model = LlamaForCausalLM(config)
     model.generation_config.eos_token_id = fast.eos_token_id

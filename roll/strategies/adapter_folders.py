@@ -28,7 +28,24 @@ def vllm_lora_slot(rank: int) -> int | None:
 
 
 def is_adapter_tensor(name: str) -> bool:
-    return ".lora_A." in name or ".lora_B." in name
+    """A LoRA tensor in peft's names: ``lora_A`` / ``lora_B`` of a linear layer, ``lora_embedding_A`` / ``_B`` of an
+    embedding."""
+    return ".lora_" in name
+
+
+def adapted_module_names(names: list[str]) -> list[str]:
+    """The last name part of every module an adapter's tensors adapt (``...self_attn.q_proj.lora_A.weight`` ->
+    ``q_proj``), sorted."""
+    return sorted({name.split(".lora_", 1)[0].rsplit(".", 1)[-1] for name in names if is_adapter_tensor(name)})
+
+
+def engine_adapter_config(config: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """The adapter config as the engines read it. SGLang takes ``target_modules`` only as a list of module names
+    (or the strings ``all`` / ``all-linear``), so a regular-expression target becomes the names of the modules it
+    adapted; modules of those names the regex left out get no tensors, which both engines treat as a zero update."""
+    if isinstance(config.get("target_modules"), str) and config["target_modules"] not in ("all", "all-linear"):
+        return {**config, "target_modules": adapted_module_names(names)}
+    return config
 
 
 class AdapterFolders:
@@ -65,7 +82,7 @@ class AdapterFolders:
             raise RuntimeError("weight sync: adapter tensors arrived before the adapter's config")
         self.version += 1
         folder = os.path.join(self.root, f"v{self.version}")
-        save_hf_adapter(folder, self.pending, self.config)
+        save_hf_adapter(folder, self.pending, engine_adapter_config(self.config, list(self.pending)))
         self.pending = {}
         return self.version, folder
 

@@ -20,7 +20,7 @@ from roll.strategies.adapter_folders import AdapterFolders, vllm_lora_slot
 from roll.strategies.base import SamplingParams, StrategyContext
 from tests.strategies.helpers import fixed_batch, worker_config
 from tests.strategies.test_gpu_engines_plumbing import _FakeSGLang, _vllm, fake_vllm  # noqa: F401 (fixture)
-from tests.strategies.test_lora import lora_args, make, step
+from tests.strategies.test_lora import _infer, lora_args, make, step
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +145,57 @@ def test_sglang_adapter_sync(tiny_model_path, trained) -> None:
     assert not os.path.exists(load[2])
     s.adapters.close()
 
+
+
+
+@pytest.fixture(scope="module")
+def untied_model_path(tmp_path_factory):
+    from roll.models.tiny import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("untied"), tie_word_embeddings=False))
+
+
+@pytest.mark.parametrize("target, names", [
+    # SGLang reads target_modules only as a list of names: a regex is written as the modules it adapted
+    (r".*layers\.0\.self_attn\.(q_proj|v_proj)", ["q_proj", "v_proj"]),
+    # ROLL's all-embedding: peft names an embedding's adapter lora_embedding_A / _B, without a .weight
+    ("all-linear,all-embedding", None),
+])
+def test_engine_folders_of_other_targets(untied_model_path, target, names) -> None:
+    """The folder the engines load holds the trained policy for every lora_target form (peft reads it back)."""
+    import json
+
+    tiny_model_path = untied_model_path
+
+    b = fixed_batch(seed=3)
+    b.tensors["advantages"] = torch.linspace(-1, 1, 4)[:, None].expand(4, 12).contiguous()
+    s = make(tiny_model_path, lora_args(tiny_model_path, target=target))
+    step(s, b)
+    folders = AdapterFolders()
+    folders.configure(s.adapter_config())
+    for bucket in _adapter_buckets(s):
+        folders.add(bucket)
+    _, folder = folders.publish()
+    with open(os.path.join(folder, "adapter_config.json")) as f:
+        written = json.load(f)["target_modules"]
+    assert isinstance(written, list) and (names is None or sorted(written) == names)  # a list (peft keeps no order)
+    batch = fixed_batch(seed=5)
+    mask = batch["attention_mask"].bool()
+    got, want = _peft_logprobs(tiny_model_path, folder, batch)[mask], s.compute_log_probs(batch)[mask]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    folders.close()
+
+
+def test_embedding_adapter_on_tied_embeddings_is_refused(tiny_model_path, untied_model_path) -> None:
+    """With a shared input / output weight a merge would move the head too: merged syncs and the export would not
+    be the trained policy, so the combination stops at start; untied, the merged weights are the policy."""
+    with pytest.raises(ValueError, match="tie_word_embeddings"):
+        make(tiny_model_path, lora_args(tiny_model_path, target="all-linear,all-embedding"))
+    b = fixed_batch(seed=3)
+    b.tensors["advantages"] = torch.linspace(-1, 1, 4)[:, None].expand(4, 12).contiguous()
+    s = make(untied_model_path, lora_args(untied_model_path, target="all-linear,all-embedding"))
+    step(s, b)
+    infer = _infer(untied_model_path)
+    infer.load_weights([t for bucket in s.weight_buckets(adapters=False) for t in bucket])
+    mask = b["attention_mask"].bool()
+    torch.testing.assert_close(infer.compute_log_probs(b)[mask], s.compute_log_probs(b)[mask], atol=1e-5, rtol=0)
