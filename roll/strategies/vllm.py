@@ -3,9 +3,10 @@
 - Token ids in, token ids and log-probs out: the log-prob of each sampled token under the raw model
   distribution (``logprobs_mode="raw_logprobs"``, before temperature / top-k / top-p), which is
   what hf_infer reports and what training recomputes.
-- Weight sync: bucketed HF-named tensors go to every GPU worker through ``collective_rpc`` into the
-  model's own ``load_weights`` (vLLM's supported weight-loading path); the prefix cache is reset
-  after each sync, so no KV block computed with old weights is reused.
+- Weight sync: bucketed HF-named tensors go to every worker through ``collective_rpc`` (as safetensors
+  bytes: its msgpack transport does not carry tensors nested in lists) into the model's own
+  ``load_weights``; the prefix cache is reset after each sync, so no KV block computed with old
+  weights is reused.
 - Colocated with training: ``offload`` puts the engine to sleep (level 1: weights to CPU, KV cache
   freed; level 2: both freed), ``reload`` wakes it; a sync wakes the weights first.
 - ``load_format: dummy`` starts from random weights: the pipeline's first sync fills them.
@@ -31,6 +32,7 @@ from roll.strategies.adapter_folders import AdapterFolders, is_adapter_tensor, v
 from roll.strategies.async_runner import LoopThread
 from roll.strategies.backends import check_backend, check_passthrough
 from roll.strategies.base import Generation, InferenceStrategy, NamedTensors, SamplingParams, StrategyContext
+from roll.strategies.vllm_worker import pack_tensors
 
 log = logging.getLogger(__name__)
 
@@ -213,8 +215,7 @@ class VLLMStrategy(InferenceStrategy):
             self.adapters.add(named_tensors)  # registered as a whole in finish_weight_sync
             return
         self._wake(["weights"])
-        payload = [(name, tensor.contiguous()) for name, tensor in named_tensors]
-        self.runner.run(self.engine.collective_rpc("roll_load_weights", args=(payload,)))
+        self.runner.run(self.engine.collective_rpc("roll_load_weights", args=(pack_tensors(named_tensors),)))
         self.runner.run(self.engine.reset_prefix_cache())  # cached KV blocks belong to the old weights
 
     def finish_weight_sync(self) -> None:

@@ -1,19 +1,36 @@
-"""Methods mixed into every vLLM GPU worker (``worker_extension_cls``), called through
-``collective_rpc``. Imported inside vLLM's worker processes only; it imports no vLLM itself."""
+"""Methods mixed into every vLLM worker (``worker_extension_cls``), called through ``collective_rpc``.
+Imported inside vLLM's worker processes only; it imports no vLLM itself."""
 
 from __future__ import annotations
 
 import torch
 
 
+def pack_tensors(named_tensors: list) -> bytes:
+    """One weight bucket as safetensors bytes. ``collective_rpc`` carries its arguments from the client to the
+    engine process with msgpack, which turns a tensor nested in a list into a plain list (seen with vLLM 0.32's
+    AsyncLLM); bytes cross whole, without pickle."""
+    from safetensors.torch import save
+
+    return save({str(name): tensor.contiguous() for name, tensor in named_tensors})
+
+
+def unpack_tensors(payload: bytes) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load
+
+    return load(payload)
+
+
 class RollWorkerExtension:
     model_runner: object  # set by vLLM's worker
 
-    def roll_load_weights(self, named_tensors: list) -> int:
-        """Load HF-named full tensors through the model's own ``load_weights`` (which stacks
-        q/k/v and gate/up and takes this rank's tensor-parallel shard)."""
+    def roll_load_weights(self, payload: bytes) -> int:
+        """Load one bucket of HF-named full tensors (``pack_tensors``) through the model's own ``load_weights``
+        (which stacks q/k/v and gate/up and takes this rank's tensor-parallel shard)."""
         model = self.model_runner.model
         device = next(model.parameters()).device
-        model.load_weights(weights=((str(name), tensor.to(device, non_blocking=True)) for name, tensor in named_tensors))
-        torch.cuda.synchronize(device)
-        return len(named_tensors)
+        tensors = unpack_tensors(payload)
+        model.load_weights(weights=((name, tensor.to(device, non_blocking=True)) for name, tensor in tensors.items()))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return len(tensors)

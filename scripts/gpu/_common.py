@@ -77,7 +77,7 @@ def hf_logprobs(path: str, sequences: list[list[int]], state: dict | None = None
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device()).eval()
     if state is not None:
         model.load_state_dict(state, strict=False)
     if adapter is not None:
@@ -93,11 +93,12 @@ def hf_logprobs(path: str, sequences: list[list[int]], state: dict | None = None
     out = []
     with torch.no_grad():
         for seq in sequences:
-            ids = torch.tensor([seq], device="cuda")
+            ids = torch.tensor([seq], device=device())
             logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
             out.append(logp.gather(-1, ids[0, 1:, None]).squeeze(-1).tolist())
     del model
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return out
 
 
@@ -123,9 +124,18 @@ def buckets(state: dict, bucket_bytes: int = 64 << 20) -> list[list[tuple[str, A
     return out + ([current] if current else [])
 
 
-def gpu_used_gib() -> float:
+def device() -> str:
+    """Where the HF reference runs: the GPU, or the CPU for the checks that run there (vLLM's CPU build)."""
     import torch
 
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def gpu_used_gib() -> float | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
     free, total = torch.cuda.mem_get_info()
     return (total - free) / 2**30
 
@@ -134,14 +144,16 @@ class Clock:
     def __enter__(self) -> Clock:
         import torch
 
-        torch.cuda.synchronize()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         self.start = time.perf_counter()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         import torch
 
-        torch.cuda.synchronize()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         self.seconds = time.perf_counter() - self.start
 
 

@@ -66,6 +66,7 @@ class _Lp:
 class _FakeAsyncLLM:
     calls: list = field(default_factory=list)
     loras_named: list = field(default_factory=list)  # the lora_request of each generate call
+    payloads: list = field(default_factory=list)  # the arguments of each collective_rpc
 
     async def generate(self, prompt: dict, params: Any, request_id: str, lora_request: Any = None):
         ids = prompt["prompt_token_ids"]
@@ -84,7 +85,11 @@ class _FakeAsyncLLM:
                                                                    finish_reason="stop" if stop else "length")])
 
     async def collective_rpc(self, method: str, args: tuple = ()):
+        # vLLM carries these arguments to its engine process with msgpack: a tensor inside a list arrives there as a
+        # plain list (seen on vLLM 0.32), bytes arrive whole
+        assert all(isinstance(a, (bytes, str, int, float)) for a in args), [type(a) for a in args]
         self.calls.append(("rpc", method, len(args[0]) if args else 0))
+        self.payloads.append(args)
         return [1.0]
 
     async def reset_prefix_cache(self):
@@ -175,6 +180,35 @@ def test_vllm_colocated_sleep_wake_and_sync(fake_vllm: None) -> None:
     s2, engine2 = _vllm(colocated=False)
     s2.offload()
     assert engine2.calls == []  # not colocated: the engine keeps its memory
+
+
+def test_vllm_weight_bucket_reaches_the_worker_whole(fake_vllm: None) -> None:
+    """A bucket crosses collective_rpc as bytes and the worker extension hands the model's load_weights the same
+    names, dtypes and values."""
+    from roll.strategies.vllm_worker import RollWorkerExtension
+
+    s, engine = _vllm(colocated=False)
+    sent = [("model.norm.weight", torch.randn(4)), ("model.embed_tokens.weight", torch.randn(6, 4).bfloat16()),
+            ("model.layers.0.mlp.up_proj.weight", torch.arange(24.0).view(8, 3)[::2])]  # a strided view
+    s.load_weights(sent)
+    (payload,) = engine.payloads[-1]
+
+    class _Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.p = torch.nn.Parameter(torch.zeros(1))
+            self.got: dict = {}
+
+        def load_weights(self, weights):
+            self.got = dict(weights)
+
+    worker = RollWorkerExtension()
+    worker.model_runner = types.SimpleNamespace(model=_Model())
+    assert worker.roll_load_weights(payload) == 3
+    got = worker.model_runner.model.got
+    assert sorted(got) == sorted(n for n, _ in sent)
+    for name, tensor in sent:
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor)
 
 
 class _FakeSGLang:
