@@ -27,6 +27,8 @@ def check_inputs(cfg: schema.PipelineConfig, rollout_only: bool = False) -> None
         strategy = worker.strategy_args.strategy_name
         if "." in strategy:
             _check_class_path(f"{role}.strategy_args.strategy_name", strategy)
+    if not rollout_only:
+        _check_embedding_adapter(cfg)
     validation = cfg.eval_steps > 0 and not rollout_only
     for name in ("train_env_manager", "val_env_manager") if validation else ("train_env_manager",):
         em = getattr(cfg, name)
@@ -80,6 +82,26 @@ def _check_model(path: str, name: str | None) -> None:
     if _vision_language(str(name), config if local and config.is_file() else None):
         raise ConfigError(path, f"{name!r} is a vision-language model; those are not shipped (text envs with causal "
                           "language models only)")
+
+
+def _check_embedding_adapter(cfg: schema.PipelineConfig) -> None:
+    """An adapter on the input embedding of a model whose config.json ties the output head to it: a merge would
+    move the head too (merged syncs, the export). Models without a config.json here (GGUF, hub ids) are checked
+    when actor_train builds the adapter."""
+    ma = cfg.actor_train.model_args
+    names = {n.strip() for n in (ma.lora_target or "").split(",")}
+    if not names & {"all-embedding", "embed_tokens"} or not ma.model_name_or_path:
+        return
+    import json
+
+    from roll.models.resolve import locate
+
+    folder, gguf = locate(str(ma.model_name_or_path))
+    config = Path(folder).expanduser() / "config.json"
+    if gguf is None and config.is_file() and json.loads(config.read_text()).get("tie_word_embeddings") is True:
+        raise ConfigError("actor_train.model_args.lora_target",
+                          f"{ma.lora_target!r} adapts the input embedding, but this model's output head shares that "
+                          "weight (tie_word_embeddings); leave the embedding out")
 
 
 def _vision_language(name: str, config: Path | None) -> bool:

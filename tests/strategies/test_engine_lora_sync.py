@@ -199,3 +199,18 @@ def test_embedding_adapter_on_tied_embeddings_is_refused(tiny_model_path, untied
     infer.load_weights([t for bucket in s.weight_buckets(adapters=False) for t in bucket])
     mask = b["attention_mask"].bool()
     torch.testing.assert_close(infer.compute_log_probs(b)[mask], s.compute_log_probs(b)[mask], atol=1e-5, rtol=0)
+
+
+def test_embedding_adapter_on_tied_embeddings_stops_at_load(tiny_model_path, untied_model_path, tmp_path) -> None:
+    """With the model's config.json at hand the refusal comes at load, before any worker starts."""
+    from roll.configs.errors import ConfigError
+    from roll.configs.inputs import check_inputs
+    from roll.configs.loading import load_config
+
+    def cfg(path):
+        return load_config("agentic_sokoban", overrides=[f"pretrain={path}", f"output_dir={tmp_path}",
+                                                         "+actor_train.model_args.lora_target='all-linear,all-embedding'"]).config
+
+    with pytest.raises(ConfigError, match="actor_train.model_args.lora_target.*tie_word_embeddings"):
+        check_inputs(cfg(tiny_model_path))
+    check_inputs(cfg(untied_model_path))
