@@ -73,7 +73,8 @@ class ModelArgs:
         "the same model with its adapters off. On megatron_train (dense models): all-linear, megatron's layer names "
         "(linear_qkv, linear_proj, linear_fc1, linear_fc2) or HF names covering each fused layer whole "
         "(q_proj,k_proj,v_proj together; gate_proj,up_proj together). actor_infer: receives the adapter's tensors "
-        "alone at each sync and applies it (hf_infer; vllm as a LoRARequest, sglang through load_lora_adapter, unless "
+        "alone at each sync and applies it (hf_infer; vllm as a LoRARequest, not for lm_head, which its prompt "
+        "log-probs leave out; sglang through load_lora_adapter; unless "
         "their strategy_config sets lora_adapters: false), else merged weights; its own lora_* keys, when set, must "
         "describe the same adapter.")
     lora_rank: int = opt(8, "LoRA rank r (with lora_target).")

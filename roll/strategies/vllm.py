@@ -223,6 +223,10 @@ class VLLMStrategy(InferenceStrategy):
         are keyed by its id, so none is reused)."""
         if self.adapters is None or self.runner is None:
             return
+        if any(".lm_head." in name for name in self.adapters.pending):
+            raise ValueError("vllm: the adapter covers the output head (lm_head), which vLLM leaves out of prompt "
+                             "log-probs (vllm-project/vllm#51594); leave lm_head out of lora_target, or set "
+                             "actor_infer.strategy_args.strategy_config.lora_adapters: false to sync merged weights")
         published = self.adapters.publish()
         if published is None:
             return

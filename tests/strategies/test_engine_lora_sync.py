@@ -114,6 +114,10 @@ def test_vllm_adapter_sync(fake_vllm, tiny_model_path, trained) -> None:  # noqa
     assert not os.path.exists(folder) and s.lora_request.lora_int_id == 2
     s.finish_weight_sync()  # no adapter arrived: nothing to register
     assert len([c for c in engine.calls if c[0] == "add_lora"]) == 2
+    s.adapters.add([("base_model.model.lm_head.lora_A.default.weight", torch.zeros(4, 8))])
+    with pytest.raises(ValueError, match="lm_head"):  # vLLM's prompt log-probs would leave it out
+        s.finish_weight_sync()
+    s.adapters.pending.clear()
     with pytest.raises(KeyError, match="not a LoRA adapter tensor"):
         s.load_weights([("base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight", torch.zeros(1)),
                         ("model.norm.weight", torch.ones(4))])
