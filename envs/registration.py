@@ -55,6 +55,11 @@ def make_env(env_type: str, entry_point: str | None = None, **kwargs: Any) -> gy
     raise ValueError naming the env.
     """
     register_envs()
+    if entry_point is None and env_type not in gym.registry:
+        from envs.gem_adapter import is_gem_id
+
+        if is_gem_id(env_type):  # GEM's ids (game:..., rg:..., roll_math, ...) go to GEM's own registry
+            return _make_gem(env_type, kwargs)
     if env_type not in gym.registry and entry_point is None and (":" in env_type or "." in env_type):
         # An import path as env_type: Gymnasium reads "module:id" in ids, so build the class directly.
         target = load_entry_point(env_type)
@@ -70,6 +75,12 @@ def make_env(env_type: str, entry_point: str | None = None, **kwargs: Any) -> gy
     target = spec.entry_point if callable(spec.entry_point) else load_entry_point(spec.entry_point)
     _check_kwargs(env_type, target, kwargs)
     return gym.make(env_type, **kwargs).unwrapped
+
+
+def _make_gem(env_type: str, kwargs: dict[str, Any]) -> gym.Env:
+    from envs.gem_adapter import GemEnv
+
+    return GemEnv(env_type, **kwargs)
 
 
 def _check_kwargs(env_type: str, target: Any, kwargs: dict[str, Any]) -> None:

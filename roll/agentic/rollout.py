@@ -42,9 +42,10 @@ def import_path(path: str) -> Any:
     return load_entry_point(roll_class(path))
 
 
-def build_slots(custom_envs: dict[str, Any], em: Any) -> list[EnvSlot]:
+def build_slots(custom_envs: dict[str, Any], em: Any, seed: int = 0) -> list[EnvSlot]:
     """Env slots of an env-manager config: groups split over tags, group_size (+ group_size_redundancy)
-    envs per group."""
+    envs per group. An ``env_config`` with a ``seed`` key gets ``seed`` + the group's index there (ROLL's
+    group seed), so each group's env draws from its own stream (a GEM reasoning-gym set, ...)."""
     slots, group = [], 0
     for tag, n_groups in zip(em.tags, em.num_groups_partition):
         entry = custom_envs[tag]
@@ -54,8 +55,11 @@ def build_slots(custom_envs: dict[str, Any], em: Any) -> list[EnvSlot]:
             env_config["format_penalty"] = em.format_penalty  # the manager's penalty is the default for its envs
         entry["env_config"] = env_config
         for _ in range(n_groups):
+            group_entry = entry
+            if "seed" in env_config:
+                group_entry = {**entry, "env_config": {**env_config, "seed": int(seed) + group}}
             for _ in range(em.group_size + em.group_size_redundancy):
-                slots.append(EnvSlot(len(slots), group, tag, entry))
+                slots.append(EnvSlot(len(slots), group, tag, group_entry))
             group += 1
     return slots
 
@@ -505,7 +509,7 @@ def make_rollout(cfg: Any, mode: str, template: ChatTemplate, factory_for: Calla
     keep_frames = bool(render and (cfg.render_save_dir or cfg.track_with in ("tensorboard", "wandb")))
     return RolloutScheduler(
         name="rollout" if mode == "train" else "val",
-        slots=build_slots(cfg.custom_envs, em),
+        slots=build_slots(cfg.custom_envs, em, cfg.seed),
         em_config=em,
         template=template,
         factory=factory_for(sampling_params(cfg, em), keep_frames),

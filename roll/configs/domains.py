@@ -14,7 +14,7 @@ from typing import Any
 from roll.configs import schema
 from roll.configs.errors import ConfigError
 
-TEMPLATE_FIELDS = {"observation", "turn_idx", "actions_left", "max_response_length"}
+TEMPLATE_FIELDS = {"observation", "turn_idx", "actions_left", "max_response_length", "suffix"}
 # ROLL's step-wise prompt (one user message holding the recent history), read by the step-wise manager
 STEP_TEMPLATE_FIELDS = {"env_instruction", "step_count", "history_length", "history", "current_step",
                         "current_observation", "max_response_length"}

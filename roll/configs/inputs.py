@@ -139,12 +139,20 @@ def _check_env(path: str, entry: schema.CustomEnvConfig) -> None:
     """Build the env with its env_config and reset it once: unknown ids, arguments the env does not take
     and values it refuses (dim_room [0, 0], num_boxes 1000, format_penalty 'abc') all show here."""
     from envs.registration import make_env
+    from envs.task_data import DataUnavailable
 
     _check_manager_path(f"{path}.env_manager_cls", entry.env_manager_cls)
+    tools = _check_tools(f"{path}.tool_wrapper", entry.tool_wrapper) if entry.tool_wrapper else None
     try:
         env = make_env(entry.env_type, entry.entry_point, **dict(entry.env_config or {}))
+    except DataUnavailable as e:  # a data set that is not on this machine: said before anything starts
+        raise ConfigError(f"{path}.env_config.dataset_name", str(e)) from None
     except Exception as e:  # noqa: BLE001 - whatever the env's constructor refuses, named by key
         raise ConfigError(f"{path}.env_config", _one_line(e)) from None
+    if tools is not None:
+        from envs.tools.tool_wrapper import ToolEnvWrapper
+
+        env = ToolEnvWrapper(env, tools, **dict(entry.tool_wrapper.get("wrapper_args") or {}))
     try:
         env.reset(seed=0)
     except Exception as e:  # noqa: BLE001
@@ -157,6 +165,53 @@ def _check_env(path: str, entry: schema.CustomEnvConfig) -> None:
     close = getattr(env, "close", None)
     if close is not None:
         close()
+
+
+def _check_tools(path: str, tool_wrapper: dict[str, Any]) -> list[Any]:
+    """Build each tool of a tool_wrapper (a bad tool id, argument or sandbox type is named by its key); a
+    search tool's server must accept connections now."""
+    from envs.tools.tool_wrapper import make_tool
+
+    if not isinstance(tool_wrapper, dict):
+        raise ConfigError(path, f"must be a mapping with wrapper_args and tool_configs, got {tool_wrapper!r}")
+    unknown = sorted(set(tool_wrapper) - {"wrapper_args", "tool_configs"})
+    if unknown:
+        raise ConfigError(f"{path}.{unknown[0]}", "is not a tool_wrapper key (keys: wrapper_args, tool_configs)")
+    args = tool_wrapper.get("wrapper_args") or {}
+    bad = sorted(set(args) - {"tool_reward", "tool_success_reward", "max_tool_uses"})
+    if bad:
+        raise ConfigError(f"{path}.wrapper_args.{bad[0]}", "is not a wrapper_args key (keys: tool_reward, "
+                          "tool_success_reward, max_tool_uses)")
+    for key in ("tool_reward", "tool_success_reward"):
+        value = args.get(key, 0.0)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value or abs(value) == float("inf"):
+            raise ConfigError(f"{path}.wrapper_args.{key}", f"must be a finite number, got {value!r}")
+    uses = args.get("max_tool_uses", 10)
+    if uses is not None and (not isinstance(uses, int) or isinstance(uses, bool) or uses < 0):
+        raise ConfigError(f"{path}.wrapper_args.max_tool_uses", f"must be an integer >= 0 or null, got {uses!r}")
+    configs = tool_wrapper.get("tool_configs") or []
+    if not isinstance(configs, list) or not configs:
+        raise ConfigError(f"{path}.tool_configs", "must list at least one {tool_id, tool_args}")
+    tools = []
+    for i, config in enumerate(configs):
+        where = f"{path}.tool_configs[{i}]"
+        if not isinstance(config, dict) or "tool_id" not in config:
+            raise ConfigError(where, "must be a mapping with tool_id (and tool_args)")
+        try:
+            tool = make_tool(str(config["tool_id"]), config.get("tool_args"))
+        except TypeError as e:
+            raise ConfigError(f"{where}.tool_args", _one_line(e)) from None
+        except ValueError as e:
+            key = "tool_id" if "tool id" in str(e) or "not shipped" in str(e) else "tool_args"
+            key = "tool_args.search_url" if "search_url" in str(e) else key
+            raise ConfigError(f"{where}.{key}", str(e)) from None
+        probe = getattr(tool, "probe", None)
+        problem = probe() if probe is not None else None
+        if problem:
+            raise ConfigError(f"{where}.tool_args.search_url", f"{tool.search_url}: {problem}; start the retrieval "
+                              "server first, or point search_url (or SEARCH_URL) at a running one")
+        tools.append(tool)
+    return tools
 
 
 def _check_replay(folder: str, cfg: schema.PipelineConfig) -> None:

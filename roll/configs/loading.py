@@ -96,9 +96,10 @@ def load_config(
 
     report = BuildReport()
     helpers = _helper_keys(composed, primary, overrides)
-    cfg = build_config(data, allowed_helper_keys=helpers, report=report)
+    aliases = _unused_aliases(composed, helpers)
+    cfg = build_config(data, allowed_helper_keys=helpers | set(aliases), report=report)
     cfg = finalize(cfg, rollout_only)
-    inert = {**report.no_effect, **inert_settings(cfg, rollout_only)}
+    inert = {**report.no_effect, **inert_settings(cfg, rollout_only), **aliases}
     return LoadedConfig(cfg, config_dir, config_name, inert, report.helper_keys)
 
 
@@ -301,6 +302,23 @@ def _helper_keys(composed: Any, primary: Path, overrides: Sequence[str]) -> set[
     own = {str(k) for k in main_file.keys()} - {"defaults", "hydra"}
     own |= {o.split("=", 1)[0].lstrip("+~").split(".", 1)[0] for o in overrides}
     return referenced | ({str(k) for k in composed.keys()} - own)
+
+
+def _unused_aliases(composed: Any, helpers: set[str]) -> dict[str, str]:
+    """Top-level keys that are not config keys and only copy another key (``x: ${y}``) while nothing refers to
+    them (ROLL's files leave such helpers behind): accepted, and named in the load warning."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(composed, resolve=False)
+    known = {f.name for f in dataclasses.fields(_schema_node([]))}
+    out = {}
+    for key, value in raw.items():
+        key = str(key)
+        if key in known or key in helpers or not isinstance(value, str):
+            continue
+        if _INTERPOLATION.fullmatch(value.strip()):
+            out[key] = f"a helper key that copies {value.strip()} and that nothing refers to"
+    return out
 
 
 def _strings(node: Any) -> Iterable[str]:

@@ -64,7 +64,8 @@ NO_EFFECT: dict[str, dict[str, str]] = {
         "model_args": "env managers use actor_infer's tokenizer",
     },
     "custom_env": {
-        "use_thread_lock": "env generation is re-entrant; no lock is needed",
+        "use_thread_lock": "our envs are re-entrant, and GEM envs always run their calls under one lock (they draw "
+        "from Python's global random)",
     },
     "reward_normalization": {},
 }

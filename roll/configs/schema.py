@@ -262,7 +262,9 @@ class EnvManagerConfig:
 
 @dataclass
 class CustomEnvConfig:
-    env_type: str = opt(help="Gymnasium id of the env (e.g. sokoban, frozen_lake) or an import path 'pkg.mod:Class'.")
+    env_type: str = opt(help="Gymnasium id of the env (e.g. sokoban, frozen_lake), an import path 'pkg.mod:Class', or "
+                        "a GEM id (game:GuessTheNumber-v0, rg:letter_counting, math:GSM8K, qa:HotpotQA, ...; ROLL's "
+                        "roll_math, roll_qa, roll_code), made by GEM's registry (the gem extra).")
     max_steps: int = opt(10, "Max turns (actions) per episode.")
     max_tokens_per_step: int = opt(128, "Max tokens the model may generate in one turn.")
     env_manager_cls: str | None = opt(None, "Import path of the env manager for this tag.")
@@ -272,7 +274,8 @@ class CustomEnvConfig:
     agent_system_template: str | None = opt(None, "System prompt of the agent.")
     agent_template: str | None = opt(
         None,
-        "Per-turn user prompt; placeholders {observation}, {turn_idx}, {actions_left}, {max_response_length}.",
+        "Per-turn user prompt; placeholders {observation}, {turn_idx}, {actions_left}, {max_response_length}, "
+        "{suffix} (what a GEM env adds after its observation, e.g. 'Enter your next guess.').",
     )
     history_window: int | None = opt(
         None, "Step-wise managers: past turns kept in each row's prompt (ROLL's name: history_length).")
@@ -290,8 +293,17 @@ class CustomEnvConfig:
         "(Sokoban, FrozenLake) and the default answer pattern.",
     )
     env_config: dict[str, Any] = opt(
-        factory=dict, help="Keyword arguments of the env constructor (dim_room, num_boxes, format_penalty, ...).",
+        factory=dict, help="Keyword arguments of the env constructor (dim_room, num_boxes, format_penalty, ...). "
+        "GEM envs: GEM's own arguments over the id's registered defaults; dataset_name is a local .jsonl/.json/"
+        ".parquet file or folder, or a hub id already in the local Hugging Face cache (never downloaded); a "
+        "seed key is replaced by seed + group index, as ROLL does.",
     )
+    tool_wrapper: dict[str, Any] | None = opt(
+        None, "ROLL's tool wrapper: {wrapper_args: {tool_reward, tool_success_reward, max_tool_uses}, tool_configs: "
+        "[{tool_id, tool_args}]}. Tool ids: python_code (model-written code runs in a sandboxed process; tool_args "
+        "timeout, sandbox_type none|bwrap, keep_error_last_line, tool_instruction, patterns, memory_mb, "
+        "max_processes, max_output_bytes) and search (search_url, topk, timeout). A reply a tool parses is answered "
+        "by the tool as a tool message; others go to the env.")
 
 
 @dataclass

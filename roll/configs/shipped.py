@@ -16,12 +16,14 @@ from roll.configs.errors import ConfigError
 _ROLL = "roll.pipeline."
 TRAJ_MANAGER = "roll.agentic.env_managers.trajectory.TrajEnvManager"
 STEP_MANAGER = "roll.agentic.env_managers.step.StepEnvManager"
+STEP_CONCAT_MANAGER = "roll.agentic.env_managers.step.StepConcatEnvManager"
 ACTOR_WORKER = "roll.workers.actor_train.ActorTrainWorker"
 
 # ROLL class path -> ours, for the classes we implement with the same meaning.
 ROLL_CLASSES: dict[str, str] = {
     "roll.pipeline.agentic.env_manager.traj_env_manager.TrajEnvManager": TRAJ_MANAGER,
     "roll.pipeline.agentic.env_manager.step_env_manager.StepEnvManager": STEP_MANAGER,
+    "roll.pipeline.agentic.env_manager.step_concat_env_manager.StepConcatEnvManager": STEP_CONCAT_MANAGER,
     # ROLL's agentic actor workers: the PPO loss of the top-level keys, or the pg_variant losses
     "roll.pipeline.agentic.agentic_actor_worker.ActorWorker": ACTOR_WORKER,
     "roll.pipeline.agentic.agentic_actor_pg_worker.ActorWorker": ACTOR_WORKER,
@@ -43,7 +45,8 @@ _STRATEGIES = {
     "diffusion_deepspeed_train": "diffusion models are not shipped",
 }
 
-_MANAGER_HINT = f"shipped env managers: {TRAJ_MANAGER} and {STEP_MANAGER} (ROLL's TrajEnvManager/StepEnvManager paths also work)"
+_MANAGER_HINT = (f"shipped env managers: {TRAJ_MANAGER}, {STEP_MANAGER} and {STEP_CONCAT_MANAGER} (ROLL's paths of "
+                 "these three also work)")
 
 
 def roll_class(path: str) -> str:
@@ -91,8 +94,7 @@ def _check_manager(path: str, value: Any) -> None:
         kind = value.rsplit(".", 1)[-1]
         why = {"VLTrajEnvManager": "vision-language env managers are not shipped (text envs only)",
                "ProxyEnvManager": "ROLL's agent-runner env manager is not shipped",
-               "AgentNativeStepEnvManager": "ROLL's agent-native env manager is not shipped",
-               "StepConcatEnvManager": "ROLL's step-concatenating env manager is not shipped"}.get(kind, f"ROLL's {kind} is not shipped")
+               "AgentNativeStepEnvManager": "ROLL's agent-native env manager is not shipped"}.get(kind, f"ROLL's {kind} is not shipped")
         raise ConfigError(path, f"{why}; {_MANAGER_HINT}")
 
 
@@ -101,9 +103,7 @@ def _check_env_entry(path: str, entry: Mapping[str, Any]) -> None:
     if runner is not None:
         raise ConfigError(f"{path}.agent_runner_cls", f"agent runners ({runner}) are not shipped; set it to null: the env "
                           "manager (env_manager_cls) runs each episode")
-    if entry.get("tool_wrapper") is not None:
-        raise ConfigError(f"{path}.tool_wrapper", "GEM tool wrappers are not shipped; a tool env here is an env whose "
-                          "reset info lists its tools (see envs/tools, env_type sokoban_tool or countdown)")
+    _check_tool_ids(f"{path}.tool_wrapper", entry.get("tool_wrapper"))
     if "pre_step_template" in entry:
         raise ConfigError(f"{path}.pre_step_template", "vision-language env prompts are not shipped (text envs only)")
     _check_manager(f"{path}.env_manager_cls", entry.get("env_manager_cls"))
@@ -117,12 +117,30 @@ def _check_env_entry(path: str, entry: Mapping[str, Any]) -> None:
                           "your own with gymnasium.register or give entry_point: 'pkg.module:Class'")
 
 
+def _check_tool_ids(path: str, tool_wrapper: Any) -> None:
+    """Tools we do not ship (ROLL's mcp, ...) are named at once; the shipped ones are built and checked with the
+    env (roll.configs.inputs)."""
+    from envs.tools.tool_wrapper import REFUSED_TOOL_IDS, TOOL_IDS
+
+    if not isinstance(tool_wrapper, Mapping):
+        return
+    for i, config in enumerate(tool_wrapper.get("tool_configs") or []):
+        tool_id = config.get("tool_id") if isinstance(config, Mapping) else None
+        if isinstance(tool_id, str) and tool_id not in TOOL_IDS:
+            why = REFUSED_TOOL_IDS.get(tool_id, f"tool id {tool_id!r} is not shipped")
+            raise ConfigError(f"{path}.tool_configs[{i}].tool_id", f"{why} (shipped tool ids: {', '.join(TOOL_IDS)})")
+
+
 def _env_known(env_type: str) -> bool:
-    """Registered (shipped or by the user's import) or an importable 'pkg.module:Class' path."""
+    """Registered (shipped or by the user's import), a GEM id (checked when the env is built), or an importable
+    'pkg.module:Class' path."""
     import gymnasium as gym
 
+    from envs.gem_adapter import is_gem_id
     from envs.registration import register_envs
 
+    if is_gem_id(env_type):
+        return True
     register_envs()
     if env_type in gym.registry:
         return True

@@ -137,6 +137,9 @@ class TrajEnvManager:
         self._step_limits = {slot.tag: threading.BoundedSemaphore(int(slot.entry["max_env_step_concurrent"]))
                              for slot in slots if int(slot.entry.get("max_env_step_concurrent") or 0) > 0}
         self._demonstrations: dict[str, list[tuple[str, str]]] = {}
+        # the suffix the env gave with the observation being rendered (GEM's info["suffix"]); an episode runs
+        # start to end in one thread
+        self._observed = threading.local()
         self.activity = EnvActivity()  # what each env is doing, for the driver's env monitor
 
     # --- hooks a custom env manager may override
@@ -145,14 +148,24 @@ class TrajEnvManager:
 
         entry = slot.entry
         kwargs = dict(entry.get("env_config") or {})
-        if self.keep_frames:
+        if self.keep_frames and not _is_gem(entry["env_type"], entry.get("entry_point")):
             kwargs.setdefault("render_mode", "rgb_array")
-        return make_env(entry["env_type"], entry.get("entry_point"), **kwargs)
+        env = make_env(entry["env_type"], entry.get("entry_point"), **kwargs)
+        if entry.get("tool_wrapper"):
+            from envs.tools.tool_wrapper import wrap_tools
+
+            env = wrap_tools(env, entry["tool_wrapper"])
+        return env
 
     def format_observation(self, slot: EnvSlot, observation: str, turn_idx: int, actions_left: int) -> str:
         template = slot.entry.get("agent_template") or DEFAULT_TEMPLATE
         return template.format(observation=observation, turn_idx=turn_idx, actions_left=actions_left,
-                               max_response_length=slot.entry.get("max_tokens_per_step", self.params.max_new_tokens))
+                               max_response_length=slot.entry.get("max_tokens_per_step", self.params.max_new_tokens),
+                               suffix=self.suffix())
+
+    def suffix(self) -> str:
+        """What the env added to the observation being rendered, for a template's {suffix} (GEM's info["suffix"])."""
+        return str(getattr(self._observed, "suffix", "") or "")
 
     def system_prompt(self, slot: EnvSlot) -> str:
         return slot.entry.get("agent_system_template") or DEFAULT_SYSTEM
@@ -232,6 +245,7 @@ class TrajEnvManager:
         self.demonstration_pairs(slot, env)  # before reset: making them resets the env
         started = t_env = time.perf_counter()
         obs, info = self.call_env(slot, "reset", 0, env.reset, seed=request.seed)
+        self._observed.suffix = info.get("suffix")
         env_time = time.perf_counter() - t_env
         tools = info.get("tools")
         messages = self.opening(slot, env, obs, info, max_turns)
@@ -263,6 +277,7 @@ class TrajEnvManager:
                 raise EnvTimeout(f"the episode took longer than {self.limits.episode_timeout:g} s (at turn {turn + 1})")
             obs, reward, terminated, truncated, step_info = self.call_env(slot, "step", turn + 1, env.step, text)
             env_time += time.perf_counter() - t_env
+            self._observed.suffix = step_info.get("suffix")
             history.add(step_info, len(gen.token_ids), gen.finish_reason)
             rewards.append(float(reward))
             if steps:
@@ -348,8 +363,11 @@ class _History:
         self.hit_token_cap = 0
 
     def add(self, info: dict[str, Any], response_tokens: int, finish_reason: str) -> None:
+        for k, how in dict(info.get("metrics_agg_mode") or {}).items():  # GEM's envs say it per step
+            self.aggregation[str(k)] = str(how)
         for k, v in (info.get("metrics") or {}).items():
-            self.values.setdefault(k, []).append(float(v))
+            if isinstance(v, (bool, int, float)):
+                self.values.setdefault(k, []).append(float(v))
         self.response_lengths.append(response_tokens)
         self.hit_token_cap += finish_reason == "length"
 
@@ -366,6 +384,12 @@ class _History:
         for reason in ("max_steps", "sequence_length", "env"):
             out[f"truncated_{reason}"] = float(truncated_by == reason)
         return out
+
+
+def _is_gem(env_type: str, entry_point: str | None) -> bool:
+    from envs.gem_adapter import is_gem_id
+
+    return entry_point is None and is_gem_id(env_type)
 
 
 def _with_budget(params: SamplingParams, budget: int) -> SamplingParams:

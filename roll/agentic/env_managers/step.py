@@ -105,3 +105,44 @@ class StepEnvManager(TrajEnvManager):
         steps.append(StepRecord(step_row, 0.0, state_hash(obs), turn, observation=obs, action=text))
         self._episode.steps = steps  # the same list: the episode loop fills in each step's reward and validity
         return text, closed
+
+
+class StepConcatEnvManager(StepEnvManager):
+    """ROLL's StepConcatEnvManager (GEM's "concat" observation layout): step-wise rows whose prompt is the
+    system message (none when ``agent_system_template`` is null) and one user message rendering
+    ``agent_template`` with ``{history}``, the observations of the last ``history_length - 1`` steps
+    joined by newlines (none when ``history_length`` is unset), and ``{current_observation}``, this step's
+    observation followed by a newline and the env's suffix. The reply is trained on its own row, as
+    in the step-wise manager; the other step-wise placeholders are filled as there."""
+
+    def opening(self, slot: EnvSlot, env: Any, observation: str, info: dict[str, Any], max_turns: int) -> list[dict[str, Any]]:
+        self._episode.instruction = str(info.get("env_instruction") or "")
+        self._episode.steps = []
+        self._episode.system = slot.entry.get("agent_system_template")  # None: the prompt has no system message
+        return [{"role": "system", "content": self.system_prompt(slot)}, {"role": "user", "content": observation}]
+
+    def format_observation(self, slot: EnvSlot, observation: str, turn_idx: int, actions_left: int) -> str:
+        return observation  # the conversation keeps plain observations; turn_prompt lays out the prompt
+
+    def turn_prompt(self, row: TokenRow, messages: list[dict[str, Any]], tools: list | None, slot: EnvSlot, turn: int) -> TokenRow:
+        steps = list(getattr(self._episode, "steps", [])) if turn > 0 else []
+        window = slot.entry.get("history_window")
+        shown = (steps + [None])[-int(window):-1] if window else []
+        current = f"{messages[-1]['content']}\n{self.suffix()}"
+        fields = {
+            "history": "\n".join(s.observation for s in shown if s is not None),
+            "current_observation": current,
+            "observation": current,
+            "env_instruction": getattr(self._episode, "instruction", ""),
+            "step_count": turn,
+            "history_length": len(shown),
+            "current_step": turn + 1,
+            "max_response_length": slot.entry.get("max_tokens_per_step", self.params.max_new_tokens),
+        }
+        template = slot.entry.get("agent_template") or "{current_observation}"
+        system = getattr(self._episode, "system", None)
+        prompt_messages = ([{"role": "system", "content": system}] if system is not None else [])
+        prompt_messages.append({"role": "user", "content": template.format(**fields)})
+        prompt = TokenRow()
+        prompt.add_context(self.template.prompt_ids(prompt_messages, None))
+        return prompt
