@@ -46,8 +46,8 @@ def hub_snapshot(name: str) -> Path | None:
     return found[-1] if found else None
 
 
-def data_files(name: str) -> list[Path]:
-    """The data files ``name`` stands for (see the module doc), or DataUnavailable."""
+def data_files(name: str) -> tuple[Path, list[Path]]:
+    """The folder (or file) ``name`` stands for and its data files (see the module doc), or DataUnavailable."""
     name = str(name or "").strip()
     if not name:
         raise DataUnavailable("is empty: name a local .jsonl/.json/.parquet file or folder, or a hub dataset id "
@@ -66,16 +66,19 @@ def data_files(name: str) -> list[Path]:
     if root.is_file():
         if root.suffix not in SUFFIXES:
             raise DataUnavailable(f"{name!r}: a data file must end in {', '.join(SUFFIXES)}")
-        return [root]
+        return root, [root]
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in SUFFIXES and not p.name.startswith("."))
     if not files:
         raise DataUnavailable(f"{name!r}: the folder {root} holds no {', '.join(SUFFIXES)} file")
-    return files
+    return root, files
 
 
-def split_files(files: list[Path], split: str | None) -> list[Path]:
-    """The files of ``split`` (by name); with no split asked, the train files when the set has named splits."""
-    named = {s: [f for f in files if _split_of(f) == s] for s in SPLIT_NAMES}
+def split_files(root: Path, files: list[Path], split: str | None) -> list[Path]:
+    """The files of ``split`` (by their names below ``root``); with no split asked, the train files when the set
+    has named splits. A single file given by path is every split."""
+    if root.is_file():
+        return files
+    named = {s: [f for f in files if _split_of(f.relative_to(root)) == s] for s in SPLIT_NAMES}
     named = {s: fs for s, fs in named.items() if fs}
     if split is None:
         return named.get("train", files) if named else files
@@ -83,12 +86,12 @@ def split_files(files: list[Path], split: str | None) -> list[Path]:
         return named[split]
     if not named:
         return files
-    raise DataUnavailable(f"has no split {split!r} (found: {', '.join(named)})")
+    raise DataUnavailable(f"{root} has no split {split!r} (found: {', '.join(named)})")
 
 
 def _split_of(path: Path) -> str | None:
     stem = path.name.split(".")[0].lower()
-    for part in (stem, *(p.name.lower() for p in path.parents)):
+    for part in (stem, *(p.name.lower() for p in path.parents if p.name)):
         head = part.split("-")[0].split("_")[0]
         if head in SPLIT_NAMES:
             return head
@@ -119,7 +122,7 @@ def load_problems(name: str, split: str | None = None, required: tuple[str, ...]
     from datasets import Dataset
 
     rows: list[dict[str, Any]] = []
-    for path in split_files(data_files(name), split):
+    for path in split_files(*data_files(name), split):
         try:
             rows += read_rows(path)
         except (OSError, ValueError) as e:
