@@ -125,3 +125,22 @@ def test_python_tool_calls_answer_as_tool_messages_with_rolls_rewards(tok, tmp_p
         assert t.metrics["tool_use_counter"] == 1.0 and t.metrics["tool_success_counter"] == 1.0
     m = result.metrics
     assert m["rollout/Arith/tool_use_counter"] > 0 and "rollout/Arith/raw_reward" in m
+
+
+def test_a_gem_env_that_raises_is_counted_and_its_episode_retried(tok, monkeypatch):
+    from envs.gem_adapter import GemEnv
+
+    calls = {"n": 0}
+    real_step = GemEnv.step
+
+    def flaky_step(self, action):
+        calls["n"] += 1
+        if calls["n"] <= 3:  # the first three steps of the rollout fail (max_env_retries is 3)
+            raise RuntimeError("GEM env broke")
+        return real_step(self, action)
+
+    monkeypatch.setattr(GemEnv, "step", flaky_step)
+    r, _ = rollout(config(), tok, ScriptedPolicy(tok, GUESSES, seed=5))
+    result = r.collect(8, step=0)
+    assert result.metrics["rollout/env_errors"] == 3
+    assert len(result.trajectories) == 8  # every episode was retried on a fresh env and finished

@@ -50,3 +50,14 @@ def run_recorded(cfg) -> dict[int, dict[str, float]]:
     finally:
         pipeline.shutdown()
     return recorder.steps
+
+
+def run(cfg):
+    """Run the pipeline on ``cfg`` and shut it down, whatever happens; returns the last step's metrics."""
+    from roll.agentic.pipeline import AgenticPipeline
+
+    pipeline = AgenticPipeline(cfg)
+    try:
+        return pipeline.run()
+    finally:
+        pipeline.shutdown()

@@ -4,10 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from roll.agentic.pipeline import AgenticPipeline
 from roll.utils.checkpoint import complete_checkpoints
 
-from .helpers import REFERENCE, tiny_config
+from .helpers import REFERENCE, run, tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -18,14 +17,6 @@ def read_scalars(log_dir):
     acc = EventAccumulator(str(log_dir))
     acc.Reload()
     return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
-
-
-def run(cfg):
-    pipeline = AgenticPipeline(cfg)
-    try:
-        return pipeline.run()
-    finally:
-        pipeline.shutdown()
 
 
 def test_two_steps_with_gae_critic_reference_eval_and_checkpoints(tiny_model_path, tmp_path):

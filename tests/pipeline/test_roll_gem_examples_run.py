@@ -5,9 +5,9 @@ file gets only its dataset_name, pointed at a problem set this repo generates (t
 import pytest
 
 from envs.problem_sets import problems, write_jsonl
-from roll.agentic.pipeline import AgenticPipeline
 from roll.configs.loading import load_config
 
+from .helpers import run
 from .roll_examples_support import roll_tree, tiny_roll_overrides
 
 pytestmark = pytest.mark.slow
@@ -24,14 +24,6 @@ def tree(tmp_path_factory):
 def scaled(tree, name, model, out, *extra):
     base = load_config(name, tree / EXP, [*CPU_TRAINER, *extra]).config
     return load_config(name, tree / EXP, [*CPU_TRAINER, *tiny_roll_overrides(base, model, out), *extra]).config
-
-
-def run(cfg):
-    pipeline = AgenticPipeline(cfg)
-    try:
-        return pipeline.run()
-    finally:
-        pipeline.shutdown()
 
 
 def test_guess_the_number_runs_step_wise_on_gems_game(tree, tiny_model_path, tmp_path):
