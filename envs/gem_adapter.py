@@ -170,6 +170,15 @@ class GemEnv(gym.Env[str, str]):
         self._last_reward = reward
         return self._last_observation, reward, terminated, truncated, info
 
+    def random_action(self, seed: int) -> str:
+        """GEM's own random reply for the current state (``sample_random_action``), drawn with ``seed``: the
+        random-policy baseline of a learning curve."""
+        import random
+
+        with GEM_LOCK:  # GEM draws from the global random: seed it and draw in one piece
+            random.seed(seed)
+            return str(self.gem.sample_random_action())
+
     def _absorb_agg(self, info: dict[str, Any]) -> None:
         for key, mode in dict(info.get("metrics_agg_mode") or {}).items():
             self.metric_aggregation[str(key)] = str(mode)

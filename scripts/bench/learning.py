@@ -4,7 +4,9 @@ Runs the config for N steps (or reads a finished run's TensorBoard folder with -
 writes, per step, the mean episode score, success rate and valid-action rate of the training rollouts
 and of validation (a fixed seed set, greedy) as JSON and a PNG. Beside them, on exactly the episodes the
 run played: a policy that picks a uniformly random move each turn (every reply valid) and the solver's
-optimal policy (the env's expert).
+optimal policy (the env's expert). On a GEM env the random policy is GEM's own random action (a valid
+reply drawn by the env, e.g. a random number in \boxed{} for GuessTheNumber); GEM's envs have no expert,
+so there is no solver line.
 
     .venv/bin/python scripts/bench/learning.py --steps 20 --out docs/learning_curve.png [key=value ...]
     .venv/bin/python scripts/bench/learning.py --from_tensorboard output/agentic_sokoban/tensorboard
@@ -38,8 +40,12 @@ def play(entry: dict[str, Any], seed: int, policy: str, rng: random.Random) -> d
     env.reset(seed=seed)
     total, valid, turns, success = 0.0, 0, 0, 0.0
     for _ in range(int(entry.get("max_steps", 10))):
-        action = rng.choice(list(env.action_vocabulary())) if policy == "random" else env.expert_action()
-        _, reward, terminated, truncated, info = env.step(env.answer_text(action))
+        if hasattr(env, "random_action"):  # a GEM env: its own random valid reply
+            reply = env.random_action(rng.randrange(2**31))
+        else:
+            action = rng.choice(list(env.action_vocabulary())) if policy == "random" else env.expert_action()
+            reply = env.answer_text(action)
+        _, reward, terminated, truncated, info = env.step(reply)
         total += reward
         turns += 1
         valid += int(info["metrics"]["action_is_valid"])
@@ -49,16 +55,23 @@ def play(entry: dict[str, Any], seed: int, policy: str, rng: random.Random) -> d
     return {"score": total, "success": success, "valid": valid / max(turns, 1)}
 
 
+def has_solver(cfg: Any) -> bool:
+    from envs.gem_adapter import is_gem_id
+
+    entry = cfg.custom_envs[cfg.train_env_manager.tags[0]]
+    return not (entry.entry_point is None and is_gem_id(entry.env_type))
+
+
 def baselines(cfg: Any, steps: list[int]) -> dict[str, dict[str, dict[str, float]]]:
     """policy -> {'train': mean over the training episodes of ``steps``, 'val': mean over the val seeds}."""
     from roll.agentic.rollout import build_slots, episode_requests
 
     out: dict[str, dict[str, dict[str, float]]] = {}
-    for policy in ("random", "solver"):
+    for policy in ("random", "solver") if has_solver(cfg) else ("random",):
         rng = random.Random(cfg.seed)
         out[policy] = {}
         for mode, em, fixed in (("train", cfg.train_env_manager, False), ("val", cfg.val_env_manager, True)):
-            slots = build_slots(cfg.custom_envs, em)
+            slots = build_slots(cfg.custom_envs, em, cfg.seed)
             name = "rollout" if mode == "train" else "val"
             episodes = []
             for step in steps if mode == "train" else [0]:
@@ -103,6 +116,8 @@ def plot(path: Path, title: str, train: list[dict], val: list[dict], base: dict)
         if val:
             ax.plot([h["step"] for h in val], [h[key] for h in val], marker="s", ms=4, label="policy (validation, greedy)")
         for policy, style in (("random", ":"), ("solver", "--")):
+            if policy not in base:
+                continue
             ax.axhline(base[policy]["train"][key], ls=style, color="gray" if policy == "random" else "green",
                        label=f"{policy} moves (same episodes)")
         ax.set(title=labels[key], xlabel="step")
@@ -173,16 +188,18 @@ def main() -> None:
     print(f"{args.config_name}: {len(train)} steps" + (f" in {wall / 60:.1f} min" if wall else ""))
     for key in CURVES:
         if train:
+            solver = f"  solver {base['solver']['train'][key]:7.3f}" if "solver" in base else ""
             print(f"  {key:8s} first step {first[key]:7.3f}  last step {last[key]:7.3f}   random {base['random']['train'][key]:7.3f}"
-                  f"  solver {base['solver']['train'][key]:7.3f}")
+                  + solver)
     if window:
+        solver = f"  solver {end_base['solver']['train']['success']:.3f}" if "solver" in end_base else ""
         print(f"  last {len(window)} steps ({window[0]['step']}-{window[-1]['step']}): success {end['success']:.3f}  "
-              f"random {end_base['random']['train']['success']:.3f}  solver {end_base['solver']['train']['success']:.3f};"
+              f"random {end_base['random']['train']['success']:.3f}{solver};"
               f"  valid {end['valid']:.3f}; score {end['score']:.3f}  random {end_base['random']['train']['score']:.3f}")
     if val:
+        solver = f"  solver {base['solver']['val']['success']:.3f}" if "solver" in base else ""
         print(f"  validation (fixed seeds): success {val[0]['success']:.3f} -> {val[-1]['success']:.3f}, "
-              f"valid {val[0]['valid']:.3f} -> {val[-1]['valid']:.3f}   random {base['random']['val']['success']:.3f}"
-              f"  solver {base['solver']['val']['success']:.3f}")
+              f"valid {val[0]['valid']:.3f} -> {val[-1]['valid']:.3f}   random {base['random']['val']['success']:.3f}" + solver)
     title = f"{args.config_name}: {Path(str(cfg.pretrain)).name}" + (f", {wall / 60:.0f} min on this machine" if wall else "")
     if plot(out, title, train, val, base):
         print(f"wrote {out} and {out.with_suffix('.json')}")

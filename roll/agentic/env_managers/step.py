@@ -132,7 +132,8 @@ class StepConcatEnvManager(StepEnvManager):
         fields = {
             "history": "\n".join(s.observation for s in shown if s is not None),
             "current_observation": current,
-            "observation": current,
+            "observation": messages[-1]["content"],
+            "suffix": self.suffix(),
             "env_instruction": getattr(self._episode, "instruction", ""),
             "step_count": turn,
             "history_length": len(shown),
