@@ -170,6 +170,17 @@ class GemEnv(gym.Env[str, str]):
         self._last_reward = reward
         return self._last_observation, reward, terminated, truncated, info
 
+    def demonstrations(self, count: int, seed: int = 0) -> list[tuple[str, str]]:
+        """``count`` example exchanges for a conversation to open with: the first observation of episodes
+        ``seed``, ``seed + 1``, ... each answered with GEM's own random action (a reply in the env's format,
+        not a good move: it shows a small model the answer format). The env is left reset; the next ``reset``
+        starts the real episode."""
+        examples = []
+        for i in range(count):
+            observation, _ = self.reset(seed=seed + i)
+            examples.append((observation, self.random_action(seed + i)))
+        return examples
+
     def random_action(self, seed: int) -> str:
         """GEM's own random reply for the current state (``sample_random_action``), drawn with ``seed``: the
         random-policy baseline of a learning curve."""

@@ -290,7 +290,8 @@ class CustomEnvConfig:
         "Example exchanges the conversation opens with: boards of the env's own kind (fixed seeds, the same in "
         "every episode) each answered with the env's expert move, as earlier user/assistant turns. They are "
         "context, never trained on; they show a small model the answer format. Needs an env with an expert "
-        "(Sokoban, FrozenLake) and the default answer pattern.",
+        "(Sokoban, FrozenLake) and the default answer pattern, or a GEM env, whose examples are answered with "
+        "GEM's own random action (a reply in the right format, not a good move).",
     )
     env_config: dict[str, Any] = opt(
         factory=dict, help="Keyword arguments of the env constructor (dim_room, num_boxes, format_penalty, ...). "
