@@ -28,7 +28,7 @@ def config(*overrides):
     base = ["rollout_batch_size=8", "val_batch_size=4", "train_env_manager.num_env_groups=2", "train_env_manager.group_size=4",
             "train_env_manager.num_groups_partition=[2]", "sequence_length=4096", "render_save_dir=null",
             "val_env_manager.num_env_groups=4", "val_env_manager.num_groups_partition=[4]",
-            "train_env_manager.group_filter_cls=null", "max_tokens_per_step=16"]
+            "train_env_manager.group_filter_cls=null", "max_tokens_per_step=16", "num_demonstrations=0"]
     return load_config("agentic_gem_guess_number", overrides=base + list(overrides)).config
 
 
@@ -144,3 +144,22 @@ def test_a_gem_env_that_raises_is_counted_and_its_episode_retried(tok, monkeypat
     result = r.collect(8, step=0)
     assert result.metrics["rollout/env_errors"] == 3
     assert len(result.trajectories) == 8  # every episode was retried on a fresh env and finished
+
+
+def test_an_env_config_seed_becomes_the_group_seed_as_in_roll():
+    from roll.agentic.rollout import build_slots
+
+    cfg = config("+custom_envs.GuessTheNumber.env_config.seed=7", "seed=100")
+    slots = build_slots(cfg.custom_envs, cfg.train_env_manager, cfg.seed)
+    assert [s.entry["env_config"]["seed"] for s in slots] == [100 + s.group_id for s in slots]
+    assert {s.group_id for s in slots} == {0, 1}
+
+
+def test_gem_demonstrations_show_the_answer_format():
+    from envs.gem_adapter import GemEnv, has_boxed_answer
+
+    env = GemEnv("game:GuessTheNumber-v0", min_number=1, max_number=10, max_turns=4)
+    pairs = env.demonstrations(3, seed=5)
+    assert len(pairs) == 3 and all(obs.startswith("You are playing Guess The Number") for obs, _ in pairs)
+    assert all(has_boxed_answer(reply) for _, reply in pairs)
+    assert pairs == GemEnv("game:GuessTheNumber-v0", min_number=1, max_number=10, max_turns=4).demonstrations(3, seed=5)
