@@ -14,6 +14,8 @@ ours, as ROLL's env managers read them:
   ``format_penalty`` (default 0: GEM's own rewards) is added to an invalid reply's reward.
 - A single-turn env ends with ``terminated`` and ``truncated`` both true; the episode is over because the
   task ended, so it is reported as terminated only (Gymnasium's meaning: truncated = cut off early).
+- GEM's code envs (``code:*``) run the model's programs on their tests in our sandbox
+  (``envs.gem_tasks.RollCodeEnv``), with its limits, instead of GEM's plain subprocess.
 - ``dataset_name`` is read here, offline (``envs.task_data``), and handed to the env as ``dataset``, so
   GEM never tries the hub.
 
@@ -80,6 +82,10 @@ def gem_entry(env_type: str) -> tuple[Any, dict[str, Any]]:
         raise ValueError(f"{env_type!r} is not a GEM env id in gem-llm's registry{hint}")
     spec = registry[env_type]
     target = spec.entry_point if callable(spec.entry_point) else load_entry_point(spec.entry_point)
+    from gem.envs.code_env import CodeEnv
+
+    if target is CodeEnv:  # model-written programs run in our sandbox, not in GEM's plain subprocess
+        target = load_entry_point(ROLL_GEM_IDS["roll_code"])
     return target, dict(spec.kwargs)
 
 

@@ -121,17 +121,26 @@ class RollQaEnv(_BySeed, QaEnv):
 
 
 class RollCodeEnv(_BySeed, CodeEnv):
-    """GEM's code env (its tests run in GEM's sandbox), with problems chosen by seed and ROLL's metrics."""
+    """GEM's code env with problems chosen by seed and ROLL's metrics; the model's program runs on each test
+    input in our sandbox (``envs.tools.sandbox``: limits, no network, its own PID namespace), not in GEM's
+    plain subprocess. A test passes when the program exits cleanly and its output equals the expected one
+    (surrounding whitespace ignored, as in GEM); the answer is right when every test passes. ``timeout`` is
+    seconds per test; ``sandbox_type`` none or bwrap."""
 
     def __init__(self, dataset_name: str = "", split: str | None = None, dataset: Any = None, question_key: str = "problem",
-                 test_key: str = "tests", seed: int = 0, mode: str = "train", **kw: Any) -> None:
+                 test_key: str = "tests", seed: int = 0, mode: str = "train", max_tests: int = 12, timeout: float = 5,
+                 sandbox_type: str = "none", **kw: Any) -> None:
+        from envs.tools.sandbox import SandboxLimits, check_sandbox
+
         if dataset is None:
             from envs.task_data import load_problems
 
             dataset = load_problems(dataset_name, split, required=(question_key, test_key))
+        check_sandbox(sandbox_type)
         self.mode = mode
+        self.limits = SandboxLimits(timeout=float(timeout), sandbox_type=sandbox_type)
         super().__init__(dataset_name=dataset_name, split=split, dataset=dataset, question_key=question_key,
-                         test_key=test_key, seed=seed, **kw)
+                         test_key=test_key, seed=seed, max_tests=max_tests, sandbox_type=sandbox_type, max_workers=1)
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         data = self._pick(seed)
@@ -141,7 +150,26 @@ class RollCodeEnv(_BySeed, CodeEnv):
         return self.first_obs, {}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        _, reward, _, _, _ = super().step(action)
         from gem.utils.parsing import extract_code_from_model
 
-        return _outcome(extract_code_from_model(action) is not None, float(reward))
+        code = extract_code_from_model(action)
+        if code is None:
+            return _outcome(False, 0.0)
+        return _outcome(True, 1.0 if self.passes(code) else 0.0)
+
+    def passes(self, code: str) -> bool:
+        from envs.tools.sandbox import run_python
+
+        tests = self.tests
+        if not isinstance(tests, dict) or not {"inputs", "outputs"} <= set(tests):
+            raise ValueError(f"{self.test_key} must be an object with 'inputs' and 'outputs' lists")
+        pairs = sorted(zip(tests["inputs"], tests["outputs"]), key=lambda p: len(_text(p[0])), reverse=True)
+        for given, expected in pairs[: self.max_tests]:  # the longest inputs, as GEM picks them
+            result = run_python(code, self.limits, stdin=_text(given))
+            if not result.ok or result.stdout.strip() != _text(expected).strip():
+                return False
+        return True
+
+
+def _text(value: Any) -> str:
+    return "\n".join(map(str, value)) if isinstance(value, list) else str(value)

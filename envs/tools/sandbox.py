@@ -84,8 +84,8 @@ def _bwrap_prefix(workdir: str) -> list[str]:
     return args + ["--bind", workdir, workdir, "--chdir", workdir]
 
 
-def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> RunResult:
-    """Run ``code`` under ``limits``; never raises for anything the code does."""
+def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: str = "") -> RunResult:
+    """Run ``code`` under ``limits`` with ``stdin`` as its standard input; never raises for anything the code does."""
     check_sandbox(limits.sandbox_type)
     started = time.perf_counter()
     workdir = tempfile.mkdtemp(prefix="roll-sandbox-")
@@ -102,8 +102,11 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> RunResult:
         if limits.sandbox_type == "bwrap":
             command = _bwrap_prefix(workdir) + command
         out_path, err_path = os.path.join(workdir, ".stdout"), os.path.join(workdir, ".stderr")
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=workdir,
+        in_path = os.path.join(workdir, ".stdin")
+        with open(in_path, "w", encoding="utf-8") as f:
+            f.write(stdin)
+        with open(out_path, "wb") as out, open(err_path, "wb") as err, open(in_path, "rb") as given:
+            proc = subprocess.Popen(command, stdin=given, stdout=out, stderr=err, cwd=workdir,
                                     env=_environment(workdir), start_new_session=True, close_fds=True)
             timed_out = False
             try:

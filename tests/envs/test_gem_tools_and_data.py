@@ -152,3 +152,21 @@ def test_a_format_penalty_adds_to_gems_own_reward():
 def test_an_unknown_gem_id_is_named_with_close_ones():
     with pytest.raises(ValueError, match="did you mean game:GuessTheNumber-v0"):
         make_env("game:GuessTheNumbr-v0")
+
+
+def test_a_code_env_runs_the_models_program_on_its_tests_in_the_sandbox(tmp_path):
+    tests = {"inputs": ["2 3\n", "10 -4\n"], "outputs": ["5\n", "6\n"]}
+    data = write_jsonl(tmp_path / "code.jsonl", [{"problem": "Print the sum of two integers.", "tests": tests}])
+    for env_type in ("roll_code", "code:CodeContest"):
+        env = make_env(env_type, dataset_name=str(data), timeout=1)
+        env.reset(seed=0)
+        right = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+        assert env.step(right)[1] == 1.0
+        env.reset(seed=0)
+        assert env.step("```python\nprint(5)\n```")[1] == 0.0  # passes one test, not both
+        env.reset(seed=0)
+        _, reward, _, _, info = env.step("```python\nwhile True:\n    pass\n```")
+        assert reward == 0.0 and info["metrics"]["action_is_valid"] == 1.0
+        env.reset(seed=0)
+        _, reward, _, _, info = env.step("no code")
+        assert reward == 0.0 and info["metrics"]["action_is_valid"] == 0.0
