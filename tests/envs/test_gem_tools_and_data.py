@@ -5,6 +5,8 @@ import socket
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from envs.gem_adapter import GemEnv
 from envs.problem_sets import problems, write_jsonl
@@ -170,3 +172,16 @@ def test_a_code_env_runs_the_models_program_on_its_tests_in_the_sandbox(tmp_path
         env.reset(seed=0)
         _, reward, _, _, info = env.step("no code")
         assert reward == 0.0 and info["metrics"]["action_is_valid"] == 0.0
+
+
+FUZZ_ENVS: dict = {}  # one env per id across the examples (building one costs more than stepping it)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(env_id=st.sampled_from(GEM_IDS), text=st.text(max_size=200), boxed=st.booleans())
+def test_fuzzed_replies_never_raise_in_gem_envs(env_id, text, boxed):
+    env = FUZZ_ENVS.setdefault(env_id, GemEnv(env_id))
+    env.reset(seed=2)
+    _, _, _, _, info = env.step(f"\\boxed{{{text}}}" if boxed else text)
+    assert info["metrics"]["action_is_valid"] in (0.0, 1.0)
+
