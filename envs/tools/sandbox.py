@@ -3,13 +3,16 @@
 Every run gets:
 - its own process group in a fresh temporary folder (removed afterwards, whatever the code did), a
   wall-clock ``timeout`` after which the whole group is killed, and a CPU-time limit;
-- resource limits: address space (``memory_mb``), processes (``max_processes``, so a fork bomb stops),
-  open files, and the size of any file it writes (``max_output_bytes``; its stdout and stderr are files
-  too, so a 10 MB print is cut there and reported);
-- a scrubbed environment (no variable of the run reaches it) and, where the kernel allows it, a network
-  namespace of its own with no interface but loopback;
-- when the run is root: the code runs as ``nobody``, so it can neither signal the run's processes nor read
-  files only root may read, nor raise its limits back.
+- resource limits: address space (``memory_mb``), processes and threads (``max_processes``; the kernel
+  does not apply it to root), open files, and the size of any file it writes (``max_output_bytes``; its
+  stdout and stderr are files too, so a 10 MB print is cut there and reported);
+- no new processes (a seccomp filter refuses fork and clone, threads excepted; x86_64), so a fork bomb
+  fails at its first fork, root or not; no capabilities, so it cannot raise its limits back;
+- a scrubbed environment (no variable of the run reaches it) and, where the kernel allows it, PID and
+  network namespaces of its own: it sees no process of the run (it cannot signal its parent) and no
+  network interface but loopback.
+
+It runs as the run's user: with ``sandbox_type: none`` it can read what the run can read.
 
 ``sandbox_type: none`` is the above. ``sandbox_type: bwrap`` also runs it under bubblewrap (Debian's
 ``bubblewrap`` package): a private filesystem view holding only the system's and Python's read-only

@@ -48,6 +48,14 @@ def test_hostile_code_ends_as_a_tool_error(name, code, words):
     assert leftover_sandboxes() <= before  # its temporary folder is gone
 
 
+def test_the_code_cannot_start_processes_but_can_use_threads():
+    code = ("import os, subprocess, threading\ntry:\n    os.fork()\nexcept OSError as e:\n    print('fork', e.errno)\n"
+            "try:\n    subprocess.run(['true'])\nexcept OSError as e:\n    print('spawn', e.errno)\n"
+            "out = []\nt = threading.Thread(target=out.append, args=(7,))\nt.start()\nt.join()\nprint('thread', out)")
+    _, has_error, observation = call(code)
+    assert not has_error and "fork 1" in observation and "spawn 1" in observation and "thread [7]" in observation
+
+
 def test_code_cannot_kill_the_run():
     """The code sees no process of the run: a kill of this test's pid (or its parent's) reaches nothing."""
     me = os.getpid()
