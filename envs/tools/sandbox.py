@@ -31,6 +31,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,11 +112,16 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: str = 
         with open(out_path, "wb") as out, open(err_path, "wb") as err, open(in_path, "rb") as given:
             proc = subprocess.Popen(command, stdin=given, stdout=out, stderr=err, cwd=workdir,
                                     env=_environment(workdir), start_new_session=True, close_fds=True)
-            timed_out = False
+            # a blocking wait returns the moment the code ends (Popen.wait(timeout=...) polls, with sleeps of up
+            # to 50 ms); a timer kills the group at the deadline
+            expired = threading.Event()
+            timer = threading.Timer(limits.timeout, lambda: (expired.set(), _kill_group(proc, reap=False)))
+            timer.start()
             try:
-                proc.wait(timeout=limits.timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
+                proc.wait()
+            finally:
+                timer.cancel()
+            timed_out = expired.is_set()
             _kill_group(proc)
         stdout, cut_out = _read_capped(out_path, limits.max_output_bytes)
         stderr, cut_err = _read_capped(err_path, limits.max_output_bytes)
@@ -142,12 +148,14 @@ def _signal_of(returncode: int | None) -> signal.Signals | None:
         return None
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen, reap: bool = True) -> None:
     """Kill the code's whole process group (children it left behind included) and reap the leader."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    if not reap:
+        return
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
