@@ -136,10 +136,10 @@ class GemEnv(gym.Env[str, str]):
         self.render_mode = render_mode
         self.observation_space = text_space()
         self.action_space = text_space()
+        # the metrics this adapter adds; a GEM env's own modes come with each step's info["metrics_agg_mode"]
         self.metric_aggregation: dict[str, str] = {"action_is_valid": "mean", "format_penalty": "sum", "success": "last"}
         self.gem = make_gem_env(env_type, **env_config)
         self._last_observation = ""
-        self._last_reward = 0.0
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
@@ -149,7 +149,6 @@ class GemEnv(gym.Env[str, str]):
             raise DataExhausted(f"{self.env_type}: the env has no problem left to serve (its reset returned None)")
         info = dict(info or {})
         info["metrics"] = dict(info.get("metrics") or {})
-        self._absorb_agg(info)
         self._last_observation = str(observation)
         return self._last_observation, info
 
@@ -159,7 +158,6 @@ class GemEnv(gym.Env[str, str]):
             observation, reward, terminated, truncated, info = self.gem.step(text)
         info = dict(info or {})
         metrics = {k: v for k, v in dict(info.get("metrics") or {}).items() if _numeric(v)}
-        self._absorb_agg(info)
         raw = reward = float(reward)
         if "action_is_valid" not in metrics:
             metrics["action_is_valid"] = float(has_boxed_answer(text) or bool(info.get("use_tool")))
@@ -173,7 +171,6 @@ class GemEnv(gym.Env[str, str]):
         terminated = bool(terminated)
         truncated = bool(truncated) and not terminated
         self._last_observation = str(observation)
-        self._last_reward = reward
         return self._last_observation, reward, terminated, truncated, info
 
     def demonstrations(self, count: int, seed: int = 0) -> list[tuple[str, str]]:
@@ -195,10 +192,6 @@ class GemEnv(gym.Env[str, str]):
         with GEM_LOCK:  # GEM draws from the global random: seed it and draw in one piece
             random.seed(seed)
             return str(self.gem.sample_random_action())
-
-    def _absorb_agg(self, info: dict[str, Any]) -> None:
-        for key, mode in dict(info.get("metrics_agg_mode") or {}).items():
-            self.metric_aggregation[str(key)] = str(mode)
 
     def render(self) -> str:
         return self._last_observation

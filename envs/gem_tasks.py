@@ -36,6 +36,15 @@ def _outcome(valid: bool, reward: float) -> tuple[str, float, bool, bool, dict[s
     return TERMINAL_STATE, float(reward), True, True, {"metrics": metrics, "metrics_agg_mode": dict(AGG)}
 
 
+def _problems(dataset: Any, name: str, split: str | None, *fields: str) -> Any:
+    """``dataset`` as given (the adapter reads it), else the records of ``name`` read offline."""
+    if dataset is not None:
+        return dataset
+    from envs.task_data import load_problems
+
+    return load_problems(name, split, required=fields)
+
+
 class _BySeed:
     """Problem choice shared by the three envs: by seed, or in shuffled order without one."""
 
@@ -45,7 +54,7 @@ class _BySeed:
     epoch: int
 
     def _pick(self, seed: int | None) -> dict[str, Any]:
-        Env.reset(self, None)  # GEM's base reset seeds the global RNG; a problem is picked with a local one
+        # by a local RNG: GEM's base reset would seed the global one
         if seed is not None:
             index = random.Random(int(seed)).randrange(len(self.dataset))
         else:
@@ -61,10 +70,7 @@ class _BySeed:
 class RollMathEnv(_BySeed, MathEnv):
     def __init__(self, dataset_name: str = "", split: str | None = None, dataset: Any = None, question_key: str = "problem",
                  answer_key: str = "answer", seed: int = 0, mode: str = "train", **_: Any) -> None:
-        if dataset is None:
-            from envs.task_data import load_problems
-
-            dataset = load_problems(dataset_name, split, required=(question_key, answer_key))
+        dataset = _problems(dataset, dataset_name, split, question_key, answer_key)
         Env.__init__(self)
         self.seed, self.mode = int(seed), mode
         self.question_key, self.answer_key = question_key, answer_key
@@ -100,10 +106,7 @@ class RollMathEnv(_BySeed, MathEnv):
 class RollQaEnv(_BySeed, QaEnv):
     def __init__(self, dataset_name: str = "", split: str | None = None, dataset: Any = None, question_key: str = "question",
                  answer_key: str = "answer", seed: int = 0, extract_boxed: bool = False, mode: str = "train", **kw: Any) -> None:
-        if dataset is None:
-            from envs.task_data import load_problems
-
-            dataset = load_problems(dataset_name, split, required=(question_key, answer_key))
+        dataset = _problems(dataset, dataset_name, split, question_key, answer_key)
         self.mode = mode
         super().__init__(dataset_name=dataset_name, split=split, dataset=dataset, question_key=question_key,
                          answer_key=answer_key, seed=seed, extract_boxed=extract_boxed, load_from_cache_file=False)
@@ -132,10 +135,7 @@ class RollCodeEnv(_BySeed, CodeEnv):
                  sandbox_type: str = "none", **kw: Any) -> None:
         from envs.tools.sandbox import SandboxLimits, check_sandbox
 
-        if dataset is None:
-            from envs.task_data import load_problems
-
-            dataset = load_problems(dataset_name, split, required=(question_key, test_key))
+        dataset = _problems(dataset, dataset_name, split, question_key, test_key)
         check_sandbox(sandbox_type)
         self.mode = mode
         self.limits = SandboxLimits(timeout=float(timeout), sandbox_type=sandbox_type)

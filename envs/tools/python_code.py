@@ -11,7 +11,6 @@ code; default: ``<code>...</code>`` and a fenced python block). Our own limits: 
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from envs.tools.sandbox import SandboxLimits, check_sandbox, run_python
 
@@ -67,6 +66,3 @@ class PythonCodeTool:
         text = text.lstrip(" \n")
         has_error = not result.ok or not text
         return True, has_error, f"Code execution result: {text}\n", action
-
-    def describe(self) -> dict[str, Any]:
-        return {"tool_id": "python_code", "sandbox_type": self.limits.sandbox_type, "timeout": self.limits.timeout}
