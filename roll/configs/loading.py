@@ -306,15 +306,18 @@ def _helper_keys(composed: Any, primary: Path, overrides: Sequence[str]) -> set[
 
 def _unused_aliases(composed: Any, helpers: set[str]) -> dict[str, str]:
     """Top-level keys that are not config keys and only copy another key (``x: ${y}``) while nothing refers to
-    them (ROLL's files leave such helpers behind): accepted, and named in the load warning."""
+    them (ROLL's files leave such helpers behind): accepted, and named in the load warning. A name close to a
+    config key is not taken for one: it stays the typo error that names the key it was probably meant to be."""
     from omegaconf import OmegaConf
+
+    from roll.configs.errors import nearest
 
     raw = OmegaConf.to_container(composed, resolve=False)
     known = {f.name for f in dataclasses.fields(_schema_node([]))}
     out = {}
     for key, value in raw.items():
         key = str(key)
-        if key in known or key in helpers or not isinstance(value, str):
+        if key in known or key in helpers or not isinstance(value, str) or nearest(key, known):
             continue
         if _INTERPOLATION.fullmatch(value.strip()):
             out[key] = f"a helper key that copies {value.strip()} and that nothing refers to"

@@ -235,3 +235,11 @@ def test_actor_infer_lora_keys_are_named_in_the_warning(roll_examples):
     assert "actor_infer.model_args.lora_rank" not in loaded.inert  # read: checked against the trainer's
     plain = load_config("agentic_sokoban", overrides=["+actor_infer.model_args.lora_target=all-linear"])
     assert "trains no LoRA adapter" in plain.inert["actor_infer.model_args.lora_target"]
+
+
+def test_an_unused_alias_is_warned_but_an_alias_typo_of_a_key_is_an_error(roll_examples, capsys):
+    name = "qwen3_agentic_gem/gem_rg_letter_counting.yaml"
+    status, _, err = dry_run(roll_examples, name, capsys)
+    assert status == 0 and "default_history_length (a helper key that copies" in err
+    status, _, err = dry_run(roll_examples, name, capsys, "+max_step=${max_actions_per_traj}")
+    assert status == 2 and "max_step" in err and "max_steps" in err, err
