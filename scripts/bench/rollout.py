@@ -21,7 +21,7 @@ import importlib.util
 import time
 from typing import Any
 
-import _common
+import _common  # noqa: F401 (puts the repository on sys.path)
 import torch
 
 Call = tuple[list[list[int]], Any]  # one generate call: its prompts and SamplingParams
@@ -201,7 +201,7 @@ def main() -> None:
     results["plain"] = {"replay_s": wall, "replay_tps": tokens / wall}
     del model
     for engine, strategy in strategies.items():
-        wall, tokens = replay(calls, lambda prompts, params: sum(len(g.token_ids) for g in strategy.generate(prompts, params)))
+        wall, tokens = replay(calls, lambda prompts, params, s=strategy: sum(len(g.token_ids) for g in s.generate(prompts, params)))
         print(f"  {engine}: {wall:6.2f} s, {tokens / wall:6.1f} tokens/s", flush=True)
         results[engine].update(replay_s=wall, replay_tps=tokens / wall)
         if engine == "vllm":
