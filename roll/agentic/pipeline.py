@@ -38,7 +38,7 @@ from roll.agentic.env_managers.base import EpisodeLimits
 from roll.agentic.render import filmstrip, transcript
 from roll.agentic.rollout import EnvManagerHost, RolloutResult, make_rollout, ray_factory
 from roll.agentic.rollout_dump import load_rollout, save_rollout, write_rows
-from roll.agentic.sync_check import probe_batch, sync_gap, tolerance
+from roll.agentic.sync_check import probe_batch, sync_gap
 from roll.algorithms.kl import AdaptiveKLController, FixedKLController, kl_controller
 from roll.algorithms.losses import ActorLossConfig
 from roll.algorithms.reward_norm import RunningMeanStd
@@ -432,17 +432,16 @@ class AgenticPipeline:
         """Every engine and the trainer score the same probe sequences; their gap is logged, and a gap beyond
         what the precisions allow stops the run (``verify_weight_sync``)."""
         cfg = self.cfg
-        probe = probe_batch(len(self.template.tokenizer), cfg.seed)
+        probe = probe_batch(self.template.tokenizer)
         engines = [b["infer_logprobs"] for b in self.clusters["actor_infer"].call("compute_log_probs", probe)]
         train = self.clusters["actor_train"].dispatch("compute_log_probs", probe)["old_logprobs"]
-        ta = cfg.actor_train.training_args
         fp32 = (cfg.actor_infer.model_args.dtype == "fp32" and cfg.actor_train.model_args.dtype == "fp32"
-                and not ta.bf16)
-        gap = sync_gap(train, engines, probe["attention_mask"], tolerance(fp32))
+                and not cfg.actor_train.training_args.bf16)
+        gap = sync_gap(train, engines, probe["attention_mask"], fp32)
         if not gap.ok:
             raise RuntimeError(f"weight sync check: actor_infer's log-probs differ from actor_train's by up to "
-                               f"{gap.max_abs:.3g} (mean {gap.mean_abs:.3g}) on the probe sequences, beyond "
-                               f"{gap.tolerance:g}: the engines do not hold the trainer's weights")
+                               f"{gap.max_abs:.3g} (mean {gap.mean_abs:.3g}) on the probe text, beyond a "
+                               f"{gap.describe()}: the engines do not hold the trainer's weights")
         return gap.metrics()
 
     def _collect_train(self, step: int) -> RolloutResult:

@@ -451,10 +451,11 @@ class PipelineConfig:
         "train_infer_correction (the sampler's log-probs are the behaviour policy's). 0: synchronous. Needs "
         "actor_infer on devices of its own on GPUs.")
     verify_weight_sync: bool = opt(
-        False, "After every weight sync, score fixed probe sequences on every actor_infer engine and on actor_train "
-        "and log the gap between their log-probs (weight_sync/logprob_max_abs_diff, _mean_abs_diff). The run stops "
-        "with an error when the largest gap exceeds what the precisions allow: 1e-4 when both sides compute in fp32, "
-        "0.3 when either uses bf16/fp16 (there it catches a sync that missed, not a slightly stale one).")
+        False, "After every weight sync, score a fixed probe text on every actor_infer engine and on actor_train and "
+        "log the gap between their log-probs (weight_sync/logprob_max_abs_diff, _mean_abs_diff). The run stops with "
+        "an error when the gap exceeds what the precisions allow: 1e-4 on every token when both sides compute in "
+        "fp32 (a stale or partial sync shows); 0.15 on the mean when either uses bf16/fp16, whose rounding alone "
+        "gives ~0.06 (there it catches a sync that missed the engine, not one a step stale).")
     # --- models
     pretrain: str | None = opt(None, "Default model of actor_train, actor_infer and reference.")
     reward_pretrain: str | None = opt(None, "Default model of the critic (and reward role).")

