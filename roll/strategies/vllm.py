@@ -52,6 +52,7 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", None: "auto"
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 EXTENSION = "roll.strategies.vllm_worker.RollWorkerExtension"
 SHARED_OPENING_MIN_TOKENS = 64  # shorter shared openings are not worth a request of their own
+PRIMED_MEMORY = 4096  # shared openings remembered as prefilled (hashes) before the memory is reset
 
 
 def engine_kwargs(c: VLLMConfig, model_path: str, dtype: str | None, seed: int, colocated: bool,
@@ -101,7 +102,7 @@ class VLLMStrategy(InferenceStrategy):
         self.lora_request: Any = None  # the LoRARequest of the adapter now in use (every request names it)
         self.cpu = False  # vLLM's CPU build: syncs are staged and re-packed (see the module docstring)
         self.pending: NamedTensors = []  # CPU build: the running sync's tensors, applied whole at its end
-        self.primed: set[tuple[int, ...]] = set()  # shared openings prefilled since the last weight change
+        self.primed: set[int] = set()  # hashes of the shared openings prefilled since the last weight change
 
     def _lora_slot(self) -> int | None:
         """The rank of the engine's LoRA slots when it applies the trainer's adapter itself; None: merged syncs."""
@@ -224,10 +225,12 @@ class VLLMStrategy(InferenceStrategy):
 
         async def all_of() -> list[Generation]:
             if self.vconfig.enable_prefix_caching and self.vconfig.prefill_shared_openings:
+                if len(self.primed) > PRIMED_MEMORY:  # long runs without a sync: forget (at worst a prime repeats)
+                    self.primed.clear()
                 for level in shared_openings(prompts, SHARED_OPENING_MIN_TOKENS):
-                    todo = [p for p in level if p not in self.primed]
+                    todo = [p for p in level if hash(p) not in self.primed]
                     await asyncio.gather(*(prime(p) for p in todo))
-                    self.primed.update(todo)
+                    self.primed.update(map(hash, todo))
             return list(await asyncio.gather(*(one(p, i) for i, p in enumerate(prompts))))
 
         return self.runner.run(all_of())
