@@ -1,6 +1,7 @@
 """vllm / sglang strategies on CPU: their engine arguments, and their plumbing (row order, log-prob
 positions, per-row seeds, sleep/wake and cache resets) against stand-ins for the few engine calls
-they make. The engines themselves run only on a GPU machine (scripts/gpu/)."""
+they make, so it is checked where no engine is installed. vLLM's CPU build runs the same plumbing for real in
+tests/vllm_cpu (all but sleep/wake, which it does not have); SGLang runs only on a GPU (scripts/gpu/)."""
 
 from __future__ import annotations
 
