@@ -55,15 +55,50 @@ def main(argv: Sequence[str] | None = None, *, search_roots: Sequence[Path] = ()
     if args.dry_run:
         return 0
     from roll.agentic.rollout import RolloutFailure
+    from roll.distributed.cluster import RpcTimeoutError, WorkerDiedError
+    from roll.distributed.launch import LaunchError
 
     try:
-        return train(loaded.config, rollout_only)
+        return launch_and_train(loaded.config, rollout_only)
+    except LaunchError as e:  # a node that cannot start or join: one line naming the address
+        print(f"launch error: {e}", file=sys.stderr)
+        return 1
+    except (WorkerDiedError, RpcTimeoutError) as e:  # a role worker (or its node) lost mid-run
+        print(f"worker error: {e}", file=sys.stderr)
+        return 1
     except ConfigError as e:  # found at start-up, before any worker ran (e.g. a GPU backend without a GPU)
         print(f"config error: {e}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     except RolloutFailure as e:  # the envs gave no data to train on: one line, not a traceback from a tensor op
         print(f"rollout error: {e}", file=sys.stderr)
         return 1
+
+
+def launch_and_train(config: object, rollout_only: bool = False) -> int:
+    """Train here, or under ROLL's multi-node launch contract (WORLD_SIZE > 1): rank 0 drives the run on the
+    Ray head, the other ranks join it and wait (``roll.distributed.launch``)."""
+    import logging
+    import os
+
+    from roll.configs.schema import ROLES
+    from roll.distributed.launch import LaunchEnv, check_auth, check_nodes_enough, head_node, run_worker_node
+
+    env = LaunchEnv.from_environ(os.environ)
+    if env is None:
+        return train(config, rollout_only)
+    import torch
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("roll").setLevel(logging.INFO)
+    check_auth(os.environ)
+    mappings = {r: getattr(config, r).device_mapping for r in ROLES
+                if getattr(config, r, None) is not None and isinstance(getattr(config, r).device_mapping, list)}
+    check_nodes_enough(mappings, config.num_gpus_per_node, env.world_size)
+    use_gpu = torch.cuda.is_available()
+    if env.rank > 0:
+        return run_worker_node(env, config.num_gpus_per_node, use_gpu, config.node_join_timeout)
+    with head_node(env, config.num_gpus_per_node, use_gpu, config.node_join_timeout):
+        return train(config, rollout_only)
 
 
 def train(config: object, rollout_only: bool = False) -> int:

@@ -59,6 +59,7 @@ from roll.configs.inputs import check_inputs
 from roll.configs.schema import PipelineConfig
 from roll.configs.shipped import roll_class
 from roll.distributed.batch import Batch
+from roll.distributed.cluster import WorkerDiedError
 from roll.utils.checkpoint import read_state, resolve_resume, save_checkpoint
 from roll.utils.tracking import make_tracker
 
@@ -165,11 +166,18 @@ class AgenticPipeline:
         self._side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="validation")  # validation beside rollouts
 
     def _start_workers(self) -> None:
+        import ray
         import torch
 
         from envs.registration import load_entry_point
         from roll.distributed.cluster import Cluster
-        from roll.distributed.resources import ResourceManager, check_devices_fit, cluster_node_gpus, ray_init
+        from roll.distributed.resources import (
+            ResourceManager,
+            alive_nodes,
+            check_nodes_fit,
+            device_nodes,
+            ray_init,
+        )
         from roll.workers import DEFAULT_WORKERS
 
         cfg = self.cfg
@@ -177,10 +185,11 @@ class AgenticPipeline:
         devices = sorted({d for r in roles for d in getattr(cfg, r).device_mapping})
         use_gpu = torch.cuda.is_available()
         ray_init(num_cpus=None if use_gpu else max(os.cpu_count() or 1, 1), object_store_mb=int(os.environ.get("ROLL_OBJECT_STORE_MB", "1024")))
-        if use_gpu:  # CPU slots are virtual; GPUs must exist, or the placement group would wait for them
-            check_devices_fit({r: getattr(cfg, r).device_mapping for r in roles}, cfg.num_gpus_per_node,
-                              cluster_node_gpus())
-        self.resources = ResourceManager(devices, cfg.num_gpus_per_node, use_gpu=use_gpu)
+        # devices must exist before placement groups ask for them (Ray would wait for them forever)
+        nodes = device_nodes(alive_nodes(), ray.get_runtime_context().get_node_id())
+        check_nodes_fit({r: getattr(cfg, r).device_mapping for r in roles}, cfg.num_gpus_per_node,
+                        [n.devices for n in nodes])
+        self.resources = ResourceManager(devices, cfg.num_gpus_per_node, use_gpu=use_gpu, nodes=nodes)
         colocated = max(sum(d in getattr(cfg, r).device_mapping for r in roles) for d in devices)
         self.colocated_roles = sorted(r for r in roles if any(
             set(getattr(cfg, r).device_mapping) & set(getattr(cfg, o).device_mapping) for o in roles if o != r))
@@ -207,6 +216,9 @@ class AgenticPipeline:
         self.time_share = use_gpu and bool(self.colocated_roles)
         self.resident = set(roles)
         log.info("workers ready (%d roles, up to %d colocated per device)", len(roles), colocated)
+        for role in roles:  # where each role runs, once
+            log.info("placement: %s ranks on %s", role, ", ".join(self.clusters[role].where))
+        self.placement_metrics = {f"placement/{role}_node": float(self.clusters[role].nodes[0]) for role in roles}
 
     def _start_rollouts(self) -> None:
         import ray
@@ -222,7 +234,12 @@ class AgenticPipeline:
         self.template = ChatTemplate(AutoTokenizer.from_pretrained(tokenizer_path), tokenizer_path)
         self.template.check_prefix_preserving()
         infer = self.clusters["actor_infer"]
-        self.server = ray.remote(GenerationServer).options(max_concurrency=4096, num_cpus=0.0001).remote(
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # on the driver's node: the run ends with that node anyway, so a lost worker node never takes it along
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        self.server = ray.remote(GenerationServer).options(max_concurrency=4096, num_cpus=0.0001,
+                                                           scheduling_strategy=here).remote(
             infer.workers, cfg.max_running_requests, 0.02)
 
         def take_stats() -> dict[str, float]:
@@ -275,11 +292,24 @@ class AgenticPipeline:
         try:
             for step in steps:
                 last = self.step(step, rollouts, ratio, bar)
+        except Exception as e:
+            lost = self.lost_worker()  # a node that died shows first as a failed rollout or call: name it
+            if lost is not None:
+                raise WorkerDiedError(lost) from e
+            raise
         finally:
             rollouts.stop()
         bar.close()
         self.tracker.close()
         return last
+
+    def lost_worker(self) -> str | None:
+        """One line naming the first role worker that is gone and its node, or None when all answer."""
+        for role, cluster in self.clusters.items():
+            dead = cluster.dead_ranks()
+            if dead:
+                return f"{role} rank {dead[0]} on {cluster.where[dead[0]]} is gone (its process or node died)"
+        return None
 
     def step(self, step: int, rollouts: RolloutsNow | RolloutsAhead, ratio: int, bar: Any) -> dict[str, float]:
         """One training step; returns its metrics."""
@@ -362,6 +392,8 @@ class AgenticPipeline:
 
     def _end_step(self, step: int, metrics: dict[str, float], trajectories: list[Any], bar: Any) -> dict[str, float]:
         """Log the step (every logging_steps, and the last one) and move the progress bar."""
+        if step == self.start_step:
+            metrics.update(self.placement_metrics)  # where each role runs: logged once
         if step % self.cfg.logging_steps == 0 or step + 1 == self.cfg.max_steps:
             self.tracker.log(metrics, step)
             self._log_episode(trajectories, step)

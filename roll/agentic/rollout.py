@@ -89,11 +89,12 @@ def share_step_limits(placement: list[tuple[str, list[EnvSlot]]]) -> list[tuple[
 
 
 def _actor_died(e: BaseException) -> bool:
+    """The manager actor or its node is gone: the actor died, or its answer was lost with its node's object store."""
     try:
         import ray
     except ImportError:
         return False
-    return isinstance(e, ray.exceptions.RayActorError)
+    return isinstance(e, (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.NodeDiedError))
 
 
 class RolloutFailure(RuntimeError):
@@ -270,8 +271,22 @@ class RolloutScheduler:
             tags = ", ".join(sorted({s.tag for s in part}))
             log.warning("%s: the env manager of %s (envs %d-%d) died (%s); re-creating it, its %d episodes are lost",
                         self.name, tags, part[0].env_id, part[-1].env_id, type(e).__name__, len(requests))
-            self.managers[index] = self.factory(cls_path, part)
+            self.managers[index] = self._recreate(cls_path, part)
             return [], [EnvError(r, f"env manager died: {type(e).__name__}") for r in requests]
+
+    def _recreate(self, cls_path: str, part: list[EnvSlot], attempts: int = 5) -> Any:
+        """A new manager for ``part``. Ray may still count a node that just died as alive, so a manager placed
+        there dies at once; the next attempt goes to the next node (the factory takes them in turn)."""
+        for _ in range(attempts - 1):
+            try:
+                return self.factory(cls_path, part)
+            except Exception as e:
+                if not _actor_died(e):
+                    raise
+                log.warning("%s: a new env manager for envs %d-%d died as it started (%s); trying again",
+                            self.name, part[0].env_id, part[-1].env_id, type(e).__name__)
+                time.sleep(1.0)
+        return self.factory(cls_path, part)
 
     def _check_healthy(self, trajectories: list[Trajectory], errors: list[EnvError], n: int) -> None:
         """Stop with one line when too few episodes survived (never a failure deep in a tensor op)."""
@@ -481,14 +496,27 @@ class RemoteManager:
 def ray_factory(host_cls: type, tokenizer_path: str, params: SamplingParams, sequence_length: int, keep_frames: bool,
                 server: Any, system_envs: dict[str, str] | None = None, deterministic: bool = False,
                 limits: EpisodeLimits | None = None, rpc_timeout: float | None = None) -> ManagerFactory:
-    """Env managers as Ray actors, each with its own env threads, sharing one generation server."""
+    """Env managers as Ray actors, each with its own env threads, sharing one generation server. They go
+    round-robin over the env nodes (``roll.distributed.resources.env_nodes``), chosen among the nodes alive when
+    each is made: a manager re-created after its node died lands on a surviving one."""
+    import itertools
+
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from roll.distributed.resources import alive_nodes, env_nodes
 
     remote_host = ray.remote(host_cls)
+    turn = itertools.count()
 
     def make(cls_path: str, slots: list[EnvSlot]) -> Any:
-        handle = remote_host.options(num_cpus=0.0001, max_concurrency=2).remote(
+        nodes = env_nodes(alive_nodes())
+        node = nodes[next(turn) % len(nodes)]
+        # soft: a node that died but is not yet marked dead does not block the manager
+        where = NodeAffinitySchedulingStrategy(node.node_id, soft=True)
+        handle = remote_host.options(num_cpus=0.0001, max_concurrency=2, scheduling_strategy=where).remote(
             cls_path, slots, tokenizer_path, params, sequence_length, keep_frames, server, system_envs, deterministic, limits)
+        log.info("env manager of envs %d-%d on node %s", slots[0].env_id, slots[-1].env_id, node.describe())
         return RemoteManager(handle, slots, rpc_timeout)
 
     return make

@@ -27,6 +27,7 @@ def check_domains(cfg: schema.PipelineConfig) -> None:
     if cfg.pretrain is not None and not str(cfg.pretrain).strip():
         raise ConfigError("pretrain", "must not be empty (unset it, or name a model)")
     _positive_number("rpc_timeout", cfg.rpc_timeout)
+    _positive_number("node_join_timeout", cfg.node_join_timeout)
     _positive_number("env_monitor.monitor_interval", cfg.env_monitor.monitor_interval)
     _positive_number("env_monitor.hung_timeout", cfg.env_monitor.hung_timeout)
     _finite("max_grad_norm", cfg.max_grad_norm, low=0.0)

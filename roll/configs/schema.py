@@ -429,6 +429,10 @@ class PipelineConfig:
                           inert="Ray places the workers; each sets its own ranks")
     num_nodes: int = opt(1, "Nodes in the Ray cluster.")
     num_gpus_per_node: int = opt(8, "Devices per node (CPU slots on a machine without GPU).")
+    node_join_timeout: int = opt(
+        600, "Seconds a multi-node launch (WORLD_SIZE > 1) waits: a rank > 0 for the Ray head at "
+        "MASTER_ADDR:MASTER_PORT, rank 0 for all WORLD_SIZE nodes to join. Past it the rank stops in one line "
+        "naming the address.")
     # --- scheduling and requests
     generate_opt_level: int = opt(
         1, "0: plain batched generate; 1: request scheduler (dynamic batching).",

@@ -39,6 +39,12 @@ def plan_dispatch(layout: list[tuple[int, int, bool]]) -> tuple[int, list[int]]:
     return dp_size, [collectors[d] for d in range(dp_size)]
 
 
+def _node_id(_actor: Any) -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
 class WorkerDiedError(RuntimeError):
     pass
 
@@ -86,8 +92,10 @@ class Cluster:
             env.setdefault("OMP_NUM_THREADS", str(threads))
         remote_cls = ray.remote(worker_cls)
         self.workers = []
+        self.nodes = []  # per rank: the config node its devices are on (index into resources.nodes)
         for rank in range(self.world_size):
             rank_devices = devices[rank * per:(rank + 1) * per]
+            self.nodes.append(resources.placement(rank_devices).node)
             options = resources.actor_options(rank_devices, env)
             self.workers.append(
                 remote_cls.options(name=None, max_concurrency=4, **options).remote(role, rank, self.world_size, worker_config, settings)
@@ -96,6 +104,12 @@ class Cluster:
         addr, port = self._get(self.workers[0].master_address.remote(), 0, "master_address", STARTUP_TIMEOUT)
         for rank, w in enumerate(self.workers):
             self._get(w.setup_distributed.remote(addr, port), rank, "setup_distributed", STARTUP_TIMEOUT)
+        # where each rank runs, as Ray reports it (a death names the node)
+        # (asked through Ray's own __ray_call__: a user's worker_cls need not define a method for it)
+        self.node_ids = [self._get(w.__ray_call__.remote(_node_id), rank, "node_id", STARTUP_TIMEOUT)
+                         for rank, w in enumerate(self.workers)]
+        by_id = {n.node_id: n for n in resources.nodes}
+        self.where = [f"node {k} ({by_id[i].describe() if i in by_id else i[:8]})" for k, i in zip(self.nodes, self.node_ids)]
 
     # --- calls
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
@@ -141,9 +155,30 @@ class Cluster:
         try:
             return ray.get(ref, timeout=timeout)
         except GetTimeoutError:
-            raise RpcTimeoutError(f"{self.role} rank {rank}: {method} did not finish within rpc_timeout={timeout}s") from None
+            raise RpcTimeoutError(f"{self.role} rank {rank}{self._on(rank)}: {method} did not finish within "
+                                  f"rpc_timeout={timeout}s") from None
         except RayActorError as e:
-            raise WorkerDiedError(f"{self.role} rank {rank} died during {method}: {str(e).splitlines()[0]}") from None
+            raise WorkerDiedError(f"{self.role} rank {rank}{self._on(rank)} died during {method}: "
+                                  f"{str(e).splitlines()[0]}") from None
+
+    def _on(self, rank: int) -> str:
+        where = getattr(self, "where", None)  # not yet known while the workers start
+        return f" on {where[rank]}" if where and rank < len(where) else ""
+
+    def dead_ranks(self, timeout: float = 30.0) -> list[int]:
+        """Ranks whose worker is gone (its process or its node died); a slow answer is not a death."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        dead = []
+        for rank, w in enumerate(self.workers):
+            try:
+                ray.get(w.ping.remote(), timeout=timeout)
+            except RayActorError:
+                dead.append(rank)
+            except GetTimeoutError:
+                pass
+        return dead
 
     def shutdown(self) -> None:
         import ray

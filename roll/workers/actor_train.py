@@ -95,7 +95,9 @@ class ActorTrainWorker(RoleWorker):
         if self.rank == 0:
             ray.get([w.finish_weight_sync.remote() for w in infer_workers])
         return {"time/weight_sync_s": time.perf_counter() - start, "weight_sync/bytes": float(sent),
-                "weight_sync/adapter_only": float(adapters)}
+                "weight_sync/adapter_only": float(adapters),
+                # engines fed through the object store: on other nodes (or forced by transport="object_store")
+                "weight_sync/object_store_workers": float(len(remote))}
 
     def release(self) -> None:
         if self._sender is not None:
