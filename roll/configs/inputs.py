@@ -53,10 +53,10 @@ def check_inputs(cfg: schema.PipelineConfig, rollout_only: bool = False) -> None
 
 def _check_local_gpus(cfg: schema.PipelineConfig, rollout_only: bool) -> None:
     """On a GPU machine that starts its own Ray cluster, the devices named exist here (without a GPU, devices are
-    virtual CPU slots; a joined cluster is checked when Ray is up)."""
+    virtual CPU slots; a joined or multi-node cluster is checked when Ray is up)."""
     import torch
 
-    if not torch.cuda.is_available() or os.environ.get("RAY_ADDRESS"):
+    if not torch.cuda.is_available() or os.environ.get("RAY_ADDRESS") or os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
         return
     from roll.distributed.resources import check_devices_fit
 
