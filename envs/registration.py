@@ -30,8 +30,9 @@ def register_envs() -> None:
             gym.register(id=env_id, entry_point=entry_point, disable_env_checker=True)
 
 
-def load_entry_point(path: str) -> Any:
-    """Import ``pkg.module:Name`` (or ``pkg.module.Name``)."""
+def load_entry_point(path: str, base: type | tuple[type, ...] | None = None) -> Any:
+    """Import ``pkg.module:Name`` (or ``pkg.module.Name``). With ``base``, the object must be a class derived
+    from it: a config naming ``os.system`` or ``subprocess:Popen`` is refused before anything is called."""
     module_name, sep, attr = path.partition(":")
     if not sep:
         module_name, _, attr = path.rpartition(".")
@@ -42,9 +43,23 @@ def load_entry_point(path: str) -> Any:
     except ImportError as e:
         raise ValueError(f"entry point {path!r}: cannot import {module_name!r} ({e})") from None
     try:
-        return getattr(module, attr)
+        target = getattr(module, attr)
     except AttributeError:
         raise ValueError(f"entry point {path!r}: {module_name!r} has no {attr!r}") from None
+    if base is not None:
+        check_kind(path, target, base)
+    return target
+
+
+def check_kind(path: str, target: Any, base: type | tuple[type, ...]) -> None:
+    """``target`` is a class derived from ``base`` (one of them, for a tuple); else ValueError naming both."""
+    bases = base if isinstance(base, tuple) else (base,)
+    if inspect.isclass(target) and issubclass(target, bases):
+        return
+    what = (f"the class {target.__module__}.{target.__qualname__}" if inspect.isclass(target)
+            else f"{'a function' if callable(target) else 'an object'} of type {type(target).__name__}")
+    wanted = " or ".join(f"{b.__module__}.{b.__qualname__}" for b in bases)
+    raise ValueError(f"entry point {path!r} is {what}, not a subclass of {wanted}")
 
 
 def make_env(env_type: str, entry_point: str | None = None, **kwargs: Any) -> gym.Env:
@@ -62,17 +77,17 @@ def make_env(env_type: str, entry_point: str | None = None, **kwargs: Any) -> gy
             return _make_gem(env_type, kwargs)
     if env_type not in gym.registry and entry_point is None and (":" in env_type or "." in env_type):
         # An import path as env_type: Gymnasium reads "module:id" in ids, so build the class directly.
-        target = load_entry_point(env_type)
+        target = load_entry_point(env_type, gym.Env)
         _check_kwargs(env_type, target, kwargs)
         return target(**kwargs)
     if env_type not in gym.registry:
         if entry_point is None:
             raise ValueError(f"env type {env_type!r} is not registered (shipped text envs: {', '.join(sorted(SHIPPED))}); "
                              "register it with gymnasium.register or give an entry_point")
-        load_entry_point(entry_point)  # fail now, with the path in the message, not deep inside gym.make
+        load_entry_point(entry_point, gym.Env)  # fail now, with the path in the message, not deep inside gym.make
         gym.register(id=env_type, entry_point=entry_point, disable_env_checker=True)
     spec = gym.spec(env_type)
-    target = spec.entry_point if callable(spec.entry_point) else load_entry_point(spec.entry_point)
+    target = spec.entry_point if callable(spec.entry_point) else load_entry_point(spec.entry_point, gym.Env)
     _check_kwargs(env_type, target, kwargs)
     return gym.make(env_type, **kwargs).unwrapped
 

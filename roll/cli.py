@@ -54,6 +54,7 @@ def main(argv: Sequence[str] | None = None, *, search_roots: Sequence[Path] = ()
     print(config_to_yaml(loaded.config), flush=True)
     if args.dry_run:
         return 0
+    from roll.agentic.env_managers.base import EpisodeCrash
     from roll.agentic.rollout import RolloutFailure
     from roll.distributed.cluster import RpcTimeoutError, WorkerDiedError
     from roll.distributed.launch import LaunchError
@@ -69,7 +70,7 @@ def main(argv: Sequence[str] | None = None, *, search_roots: Sequence[Path] = ()
     except ConfigError as e:  # found at start-up, before any worker ran (e.g. a GPU backend without a GPU)
         print(f"config error: {e}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    except RolloutFailure as e:  # the envs gave no data to train on: one line, not a traceback from a tensor op
+    except (RolloutFailure, EpisodeCrash) as e:  # no data to train on, or a failure outside the envs: one line
         print(f"rollout error: {e}", file=sys.stderr)
         return 1
 

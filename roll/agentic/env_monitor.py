@@ -53,6 +53,12 @@ class EnvActivity:
             if entry is not None:
                 entry.update(turn=turn, phase=phase, last=time.monotonic())
 
+    def phase_of(self, env_id: int) -> str:
+        """Where an env's episode is: 'turn 3, generate', or 'start' before its first phase."""
+        with self._lock:
+            entry = self._active.get(env_id)
+        return f"turn {entry['turn']}, {entry['phase']}" if entry is not None else "start"
+
     def end(self, env_id: int) -> None:
         with self._lock:
             if self._active.pop(env_id, None) is not None:

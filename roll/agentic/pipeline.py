@@ -36,7 +36,7 @@ from roll.agentic.batch_adjust import adjust_batch
 from roll.agentic.conversation import ChatTemplate
 from roll.agentic.env_managers.base import EpisodeLimits
 from roll.agentic.render import filmstrip, transcript
-from roll.agentic.rollout import EnvManagerHost, RolloutResult, make_rollout, ray_factory
+from roll.agentic.rollout import EnvManagerHost, RolloutResult, import_path, make_rollout, ray_factory
 from roll.agentic.rollout_dump import load_rollout, save_rollout, write_rows
 from roll.agentic.sync_check import probe_batch, sync_gap
 from roll.algorithms.kl import AdaptiveKLController, FixedKLController, kl_controller
@@ -57,7 +57,6 @@ from roll.configs.derive import (
 )
 from roll.configs.inputs import check_inputs
 from roll.configs.schema import PipelineConfig
-from roll.configs.shipped import roll_class
 from roll.distributed.batch import Batch
 from roll.distributed.cluster import WorkerDiedError
 from roll.utils.checkpoint import read_state, resolve_resume, save_checkpoint
@@ -169,7 +168,6 @@ class AgenticPipeline:
         import ray
         import torch
 
-        from envs.registration import load_entry_point
         from roll.distributed.cluster import Cluster
         from roll.distributed.resources import (
             ResourceManager,
@@ -206,7 +204,7 @@ class AgenticPipeline:
         }
         for role in roles:
             worker = getattr(cfg, role)
-            cls = load_entry_point(roll_class(worker.worker_cls)) if worker.worker_cls else DEFAULT_WORKERS[role]
+            cls = import_path(worker.worker_cls, "worker") if worker.worker_cls else DEFAULT_WORKERS[role]
             log.info("starting %s: %d worker(s) on devices %s", role, worker.world_size, worker.device_mapping)
             self.clusters[role] = Cluster(role, cls, worker, self.resources, settings, rpc_timeout=cfg.rpc_timeout)
         for role in roles:  # one role at a time: colocated model loads do not compete for memory
@@ -224,7 +222,6 @@ class AgenticPipeline:
         import ray
         from transformers import AutoTokenizer
 
-        from envs.registration import load_entry_point
         from roll.agentic.generation import GenerationServer
         from roll.models.resolve import ensure_hf_folder
 
@@ -246,7 +243,7 @@ class AgenticPipeline:
             return ray.get(self.server.take_stats.remote())
 
         def factory_for(em: Any, sequence_length: int):
-            host = load_entry_point(roll_class(em.worker_cls)) if em.worker_cls else EnvManagerHost
+            host = import_path(em.worker_cls, "env_manager_worker") if em.worker_cls else EnvManagerHost
 
             def make(params: Any, keep_frames: bool):
                 return ray_factory(host, tokenizer_path, params, sequence_length, keep_frames, self.server,
@@ -299,8 +296,8 @@ class AgenticPipeline:
             raise
         finally:
             rollouts.stop()
-        bar.close()
-        self.tracker.close()
+            bar.close()
+            self.tracker.close()  # what was logged reaches its files whatever stopped the run
         return last
 
     def lost_worker(self) -> str | None:

@@ -23,7 +23,14 @@ import numpy as np
 import torch
 
 from roll.agentic.conversation import ChatTemplate
-from roll.agentic.env_managers.base import EnvError, EnvSlot, EpisodeLimits, EpisodeRequest, Trajectory
+from roll.agentic.env_managers.base import (
+    EnvError,
+    EnvSlot,
+    EpisodeCrash,
+    EpisodeLimits,
+    EpisodeRequest,
+    Trajectory,
+)
 from roll.agentic.env_monitor import ActiveEpisode, ActivityMonitor
 from roll.agentic.render import write_trajectory
 from roll.configs.shipped import TRAJ_MANAGER, roll_class
@@ -35,11 +42,13 @@ log = logging.getLogger(__name__)
 DEFAULT_MANAGER = TRAJ_MANAGER
 
 
-def import_path(path: str) -> Any:
-    """The class at ``path`` (ROLL's path of a class we implement maps to ours)."""
+def import_path(path: str, kind: str) -> Any:
+    """The class at ``path`` (ROLL's path of a class we implement maps to ours), derived from the base of its
+    ``kind`` (``roll.configs.inputs.class_bases``)."""
     from envs.registration import load_entry_point
+    from roll.configs.inputs import class_bases
 
-    return load_entry_point(roll_class(path))
+    return load_entry_point(roll_class(path), class_bases(kind))
 
 
 def build_slots(custom_envs: dict[str, Any], em: Any, seed: int = 0) -> list[EnvSlot]:
@@ -428,7 +437,7 @@ def local_factory(template: ChatTemplate, generate: Callable, params: SamplingPa
     """Env managers in this process (threads): tests, debugging, the scripted policy."""
 
     def make(cls_path: str, slots: list[EnvSlot]) -> Any:
-        return import_path(cls_path)(slots, template, generate, params, sequence_length, keep_frames=keep_frames,
+        return import_path(cls_path, "env_manager")(slots, template, generate, params, sequence_length, keep_frames=keep_frames,
                                      deterministic=deterministic, limits=limits)
 
     return make
@@ -454,7 +463,7 @@ class EnvManagerHost:
         def generate(route: str, prompt: list[int], p: SamplingParams) -> Any:
             return ray.get(server.generate.remote(route, prompt, p), timeout=wait)  # a lost request ends its episode
 
-        self.manager = import_path(cls_path)(slots, template, generate, params, sequence_length, keep_frames=keep_frames,
+        self.manager = import_path(cls_path, "env_manager")(slots, template, generate, params, sequence_length, keep_frames=keep_frames,
                                              deterministic=deterministic, limits=limits)
 
     def granularity(self) -> str:
@@ -482,6 +491,10 @@ class RemoteManager:
 
         try:
             return ray.get(self.handle.run.remote(requests), timeout=self.rpc_timeout)
+        except ray.exceptions.RayTaskError as e:  # the manager's own one line, not the remote traceback
+            if isinstance(e.cause, EpisodeCrash):
+                raise EpisodeCrash(str(e.cause)) from None
+            raise
         except ray.exceptions.GetTimeoutError:
             tags = sorted({s.tag for s in self.slots})
             raise TimeoutError(f"env manager of {', '.join(tags)} (envs {self.slots[0].env_id}-{self.slots[-1].env_id}) "
@@ -546,6 +559,6 @@ def make_rollout(cfg: Any, mode: str, template: ChatTemplate, factory_for: Calla
         take_generation_stats=take_stats,
         fixed_seeds=mode != "train",
         monitor=cfg.env_monitor,
-        group_filter=import_path(em.group_filter_cls)(cfg, em, "train" if mode == "train" else "val")
+        group_filter=import_path(em.group_filter_cls, "group_filter")(cfg, em, "train" if mode == "train" else "val")
         if em.group_filter_cls else None,
     )

@@ -78,5 +78,7 @@ def _check(ids: list[int], original: object, path: str) -> None:
         raise ConfigError(path, f"{original!r} names no device; leave device_mapping unset instead")
     if any(i < 0 for i in ids):
         raise ConfigError(path, f"device ids must be >= 0, got {ids}")
+    if any(i >= MAX_DEVICES for i in ids):
+        raise ConfigError(path, f"device ids must be < {MAX_DEVICES}, got {max(ids)}")
     if len(set(ids)) != len(ids):
         raise ConfigError(path, f"device ids must be unique, got {ids}")

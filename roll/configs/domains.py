@@ -6,6 +6,7 @@ instead of failing later inside a worker or running with nonsense.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import string
@@ -20,17 +21,50 @@ STEP_TEMPLATE_FIELDS = {"env_instruction", "step_count", "history_length", "hist
                         "current_observation", "max_response_length"}
 
 
+def check_numbers(obj: Any, prefix: str = "") -> None:
+    """Every number of a config (dataclasses, their lists and dicts, recursively): finite, an integer within
+    INT_LIMIT, and inside the domain its schema field names. Free-form mappings (env_config, strategy_config)
+    are the env's or the backend's to check."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        path = f"{prefix}{f.name}"
+        domain = f.metadata.get("domain")
+        if dataclasses.is_dataclass(value):
+            check_numbers(value, f"{path}.")
+        elif isinstance(value, dict) and f.name == "custom_envs":
+            for tag, entry in value.items():
+                if dataclasses.is_dataclass(entry):
+                    check_numbers(entry, f"{path}.{tag}.")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if dataclasses.is_dataclass(item):
+                    check_numbers(item, f"{path}[{i}].")
+                elif _is_number(item):
+                    _check_number(f"{path}[{i}]", item, domain)
+        elif _is_number(value):
+            _check_number(path, value, domain)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_number(path: str, value: float, domain: schema.Domain | None) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(path, f"must be a finite number, got {value!r}")
+    if isinstance(value, int) and abs(value) > schema.INT_LIMIT:
+        raise ConfigError(path, f"must be within +-2**53, got an integer of {len(str(abs(value)))} digits")
+    if domain is not None and not domain.holds(value):
+        raise ConfigError(path, f"must be {domain.describe()}, got {value!r}")
+
+
 def check_domains(cfg: schema.PipelineConfig) -> None:
+    check_numbers(cfg)
     for name in ("exp_name", "output_dir"):
         if not str(getattr(cfg, name) or "").strip():
             raise ConfigError(name, "must not be empty")
     if cfg.pretrain is not None and not str(cfg.pretrain).strip():
         raise ConfigError("pretrain", "must not be empty (unset it, or name a model)")
-    _positive_number("rpc_timeout", cfg.rpc_timeout)
-    _positive_number("node_join_timeout", cfg.node_join_timeout)
-    _positive_number("env_monitor.monitor_interval", cfg.env_monitor.monitor_interval)
-    _positive_number("env_monitor.hung_timeout", cfg.env_monitor.hung_timeout)
-    _finite("max_grad_norm", cfg.max_grad_norm, low=0.0)
     if isinstance(cfg.resume_from_checkpoint, str) and cfg.resume_from_checkpoint.strip().lower() in ("", "0", "1"):
         raise ConfigError("resume_from_checkpoint", "must be true, false or a checkpoint folder path, "
                                                     f"got {cfg.resume_from_checkpoint!r}")
@@ -42,11 +76,6 @@ def check_domains(cfg: schema.PipelineConfig) -> None:
         em = getattr(cfg, name)
         if em.generating_args is not None:
             _check_generating(f"{name}.generating_args", em.generating_args)
-        _finite(f"{name}.env_step_timeout", em.env_step_timeout, low=0.0)
-        _finite(f"{name}.episode_timeout", em.episode_timeout, low=0.0)
-        _finite(f"{name}.min_healthy_share", em.min_healthy_share, low=0.0, high=1.0)
-        if em.max_env_retries < 0:
-            raise ConfigError(f"{name}.max_env_retries", f"must be >= 0, got {em.max_env_retries}")
     for tag, entry in cfg.custom_envs.items():
         _check_env_entry(f"custom_envs.{tag}", entry)
     _check_step_templates(cfg)
@@ -73,33 +102,10 @@ def _check_step_templates(cfg: schema.PipelineConfig) -> None:
 def _check_worker(role: str, worker: schema.WorkerConfig) -> None:
     if worker.model_args.model_name_or_path is not None and not str(worker.model_args.model_name_or_path).strip():
         raise ConfigError(f"{role}.model_args.model_name_or_path", "must not be empty")
-    if worker.infer_batch_size < 1:
-        raise ConfigError(f"{role}.infer_batch_size", f"must be >= 1, got {worker.infer_batch_size}")
-    if worker.model_update_frequency < 1:
-        raise ConfigError(f"{role}.model_update_frequency", f"must be >= 1, got {worker.model_update_frequency}")
-    ta = worker.training_args
-    _finite(f"{role}.training_args.learning_rate", ta.learning_rate, low=0.0)
-    _finite(f"{role}.training_args.weight_decay", ta.weight_decay, low=0.0)
-    _finite(f"{role}.training_args.adam_epsilon", ta.adam_epsilon, low=0.0, strict=True)
-    for beta in ("adam_beta1", "adam_beta2"):
-        _finite(f"{role}.training_args.{beta}", getattr(ta, beta), low=0.0, high=1.0)
-    _finite(f"{role}.training_args.warmup_ratio", ta.warmup_ratio, low=0.0, high=1.0)
-    for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
-        if getattr(ta, name) < 1:
-            raise ConfigError(f"{role}.training_args.{name}", f"must be >= 1, got {getattr(ta, name)}")
-    if ta.warmup_steps < 0:
-        raise ConfigError(f"{role}.training_args.warmup_steps", f"must be >= 0, got {ta.warmup_steps}")
     _check_generating(f"{role}.generating_args", worker.generating_args)
 
 
 def _check_generating(path: str, g: schema.GeneratingArgs) -> None:
-    if g.max_new_tokens is not None and g.max_new_tokens < 1:
-        raise ConfigError(f"{path}.max_new_tokens", f"must be >= 1, got {g.max_new_tokens}")
-    _finite(f"{path}.temperature", g.temperature, low=0.0)
-    _finite(f"{path}.top_p", g.top_p, low=0.0, high=1.0, strict=True)
-    _finite(f"{path}.repetition_penalty", g.repetition_penalty, low=0.0, strict=True)
-    if g.top_k < -1:
-        raise ConfigError(f"{path}.top_k", f"must be -1 (off), 0 (off) or a positive count, got {g.top_k}")
     if g.include_stop_str_in_output is False:
         raise ConfigError(f"{path}.include_stop_str_in_output", "false is not supported: the env reads every sampled "
                           "token, a stop string included, and the training row holds exactly what was sampled; "
@@ -109,12 +115,6 @@ def _check_generating(path: str, g: schema.GeneratingArgs) -> None:
 def _check_env_entry(path: str, entry: schema.CustomEnvConfig) -> None:
     if not str(entry.env_type or "").strip():
         raise ConfigError(f"{path}.env_type", "must not be empty")
-    if entry.max_steps < 1:
-        raise ConfigError(f"{path}.max_steps", f"must be >= 1, got {entry.max_steps}")
-    if entry.max_tokens_per_step < 1:
-        raise ConfigError(f"{path}.max_tokens_per_step", f"must be >= 1, got {entry.max_tokens_per_step}")
-    if entry.num_demonstrations < 0:
-        raise ConfigError(f"{path}.num_demonstrations", f"must be >= 0, got {entry.num_demonstrations}")
     if entry.agent_template:  # the only text that is str.format-ed (the system prompt is used as written)
         _check_template(f"{path}.agent_template", entry.agent_template, TEMPLATE_FIELDS | STEP_TEMPLATE_FIELDS)
         names = _template_names(entry.agent_template)
@@ -138,23 +138,19 @@ def _template_names(template: str) -> set[str]:
 
 def _check_template(path: str, template: str, fields: set[str]) -> None:
     try:
-        names = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+        parsed = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(template) if name is not None]
     except ValueError as e:
         raise ConfigError(path, f"is not a valid format template ({e}); write {{{{ and }}}} for literal braces") from None
+    for name, spec, conv in parsed:
+        # a spec such as {observation:>99999999999999999999} would build a huge string at every turn
+        if spec:
+            raise ConfigError(path, f"{{{name}:{spec}}}: format specs are not supported; write the placeholder bare")
+        if conv not in (None, "s", "r"):
+            raise ConfigError(path, f"{{{name}!{conv}}}: unknown conversion (only !s and !r exist)")
+        if "." in name or "[" in name:  # {observation.__class__...} reads objects' internals
+            raise ConfigError(path, f"{{{name}}}: attribute and index access are not supported; write the placeholder bare")
+    names = {name for name, _, _ in parsed}
     unknown = sorted(n for n in names if n.split(".")[0].split("[")[0] not in fields)
     if unknown:
         known = ", ".join(sorted(fields)) or "none"
         raise ConfigError(path, f"unknown placeholder {{{unknown[0]}}} (known: {known}; write {{{{ and }}}} for literal braces)")
-
-
-def _positive_number(path: str, value: Any) -> None:
-    _finite(path, value, low=0.0, strict=True)
-
-
-def _finite(path: str, value: Any, low: float | None = None, high: float | None = None, strict: bool = False) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise ConfigError(path, f"must be a finite number, got {value!r}")
-    if low is not None and (value < low or (strict and value == low)):
-        raise ConfigError(path, f"must be {'>' if strict else '>='} {low:g}, got {value!r}")
-    if high is not None and value > high:
-        raise ConfigError(path, f"must be <= {high:g}, got {value!r}")

@@ -23,18 +23,18 @@ def check_inputs(cfg: schema.PipelineConfig, rollout_only: bool = False) -> None
         if worker is None or (rollout_only and role != "actor_infer"):
             continue
         _check_model(f"{role}.model_args.model_name_or_path", worker.model_args.model_name_or_path)
-        _check_class_path(f"{role}.worker_cls", getattr(worker, "worker_cls", None))
+        _check_class_path(f"{role}.worker_cls", getattr(worker, "worker_cls", None), "worker")
         strategy = worker.strategy_args.strategy_name
         if "." in strategy:
-            _check_class_path(f"{role}.strategy_args.strategy_name", strategy)
+            _check_class_path(f"{role}.strategy_args.strategy_name", strategy, "strategy")
     if not rollout_only:
         _check_embedding_adapter(cfg)
     validation = cfg.eval_steps > 0 and not rollout_only
     for name in ("train_env_manager", "val_env_manager") if validation else ("train_env_manager",):
         em = getattr(cfg, name)
-        _check_class_path(f"{name}.worker_cls", em.worker_cls)
-        _check_manager_path(f"{name}.env_manager_cls", em.env_manager_cls)
-        _check_class_path(f"{name}.group_filter_cls", em.group_filter_cls)
+        _check_class_path(f"{name}.worker_cls", em.worker_cls, "env_manager_worker")
+        _check_class_path(f"{name}.env_manager_cls", em.env_manager_cls, "env_manager")
+        _check_class_path(f"{name}.group_filter_cls", em.group_filter_cls, "group_filter")
     used = dict.fromkeys(cfg.train_env_manager.tags + (cfg.val_env_manager.tags if validation else []))
     for tag in used:
         _check_env(f"custom_envs.{tag}", cfg.custom_envs[tag])
@@ -117,22 +117,42 @@ def _vision_language(name: str, config: Path | None) -> bool:
     return "-vl-" in f"-{name.rsplit('/', 1)[-1].lower()}-"
 
 
-def _check_class_path(path: str, value: str | None) -> None:
+def class_bases(kind: str) -> tuple[type, ...]:
+    """What a class path of each kind must derive from (a config may name our classes, ROLL's mapped to ours,
+    or a user's own subclasses; never a function such as os.system)."""
+    if kind == "worker":
+        from roll.workers.base import RoleWorker
+
+        return (RoleWorker,)
+    if kind == "strategy":
+        from roll.strategies.base import InferenceStrategy, TrainStrategy
+
+        return (InferenceStrategy, TrainStrategy)
+    if kind == "env_manager_worker":
+        from roll.agentic.rollout import EnvManagerHost
+
+        return (EnvManagerHost,)
+    if kind == "env_manager":
+        from roll.agentic.env_managers.base import TrajEnvManager
+
+        return (TrajEnvManager,)
+    if kind == "group_filter":
+        from roll.agentic.group_filters import GroupFilter
+
+        return (GroupFilter,)
+    raise ValueError(f"unknown class kind {kind!r}")
+
+
+def _check_class_path(path: str, value: str | None, kind: str) -> None:
     if not value:
         return
     from envs.registration import load_entry_point
     from roll.configs.shipped import roll_class
 
     try:
-        load_entry_point(roll_class(value))
+        load_entry_point(roll_class(value), class_bases(kind))
     except ValueError as e:
         raise ConfigError(path, str(e)) from None
-
-
-def _check_manager_path(path: str, value: str | None) -> None:
-    if not value:
-        return
-    _check_class_path(path, value)
 
 
 def _check_env(path: str, entry: schema.CustomEnvConfig) -> None:
@@ -141,7 +161,7 @@ def _check_env(path: str, entry: schema.CustomEnvConfig) -> None:
     from envs.registration import make_env
     from envs.task_data import DataUnavailable
 
-    _check_manager_path(f"{path}.env_manager_cls", entry.env_manager_cls)
+    _check_class_path(f"{path}.env_manager_cls", entry.env_manager_cls, "env_manager")
     tools = _check_tools(f"{path}.tool_wrapper", entry.tool_wrapper) if entry.tool_wrapper else None
     try:
         env = make_env(entry.env_type, entry.entry_point, **dict(entry.env_config or {}))

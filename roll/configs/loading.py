@@ -22,6 +22,7 @@ from roll.configs.build import BuildReport, build_config
 from roll.configs.derive import finalize
 from roll.configs.effects import inert_settings
 from roll.configs.errors import ConfigError, nearest
+from roll.configs.yaml_bounds import check_config_files
 
 DEFAULT_CONFIG_DIR = Path(__file__).resolve().parents[2] / "examples" / "config"
 
@@ -78,6 +79,7 @@ def load_config(
 
     if not primary.read_text(encoding="utf-8", errors="replace").strip():
         raise ConfigError(str(primary), "the config file is empty")
+    check_config_files(primary, config_dir)  # size, depth and alias bounds before Hydra reads anything
     base = _compose(config_dir, config_name, ())
     overrides = _checked_overrides(base, overrides)
     composed = _compose(config_dir, config_name, overrides) if overrides else base
@@ -92,6 +94,7 @@ def load_config(
     except OmegaConfBaseException as e:
         check_shipped(_leniently_resolved(composed))  # a missing feature is the first thing to say
         raise ConfigError(_key_of(e), f"cannot resolve: {_first_line(e)}") from None
+    _check_sections(data, schema.PipelineConfig, "")
     check_shipped(data)
 
     report = BuildReport()
@@ -215,7 +218,8 @@ def _checked_overrides(base: Any, overrides: Sequence[str]) -> list[str]:
             continue
         parts = key.split(".")
         schema_parts = ["custom_envs", *parts[1:]] if parts[0] == "custom_env" else parts  # the catalog's entries
-        if _schema_node(parts) is not None or (len(parts) > 2 and _schema_node(schema_parts) is _FREE):
+        # a catalog entry (custom_env.<tag>) takes every key a custom_envs entry takes, as in ROLL
+        if _schema_node(schema_parts) is not None:
             result.append(f"++{text}")  # env_config and strategy_config take any key; the env checks its own
             continue
         parent = ".".join(parts[:-1])
@@ -269,6 +273,36 @@ def _schema_node(parts: Sequence[str]) -> Any:
             return None
         node, free_name_next = _unwrap(hints[part])
     return node
+
+
+def _check_sections(data: Any, node: Any, prefix: str) -> None:
+    """Where the schema has a section (a dataclass), the config holds a mapping or null: ``strategy_args: hf_infer``
+    is one line naming the key, before anything reads the section as a mapping."""
+    if not isinstance(data, dict) or not dataclasses.is_dataclass(node):
+        return
+    hints = typing.get_type_hints(node)
+    for key, value in data.items():
+        if key not in hints or value is None:
+            continue
+        inner, named = _unwrap(hints[key])
+        path = f"{prefix}{key}"
+        if not dataclasses.is_dataclass(inner):
+            continue
+        tp = hints[key]
+        if any(typing.get_origin(a) is list for a in (tp, *typing.get_args(tp))):  # a list of sections
+            if not isinstance(value, list):
+                raise ConfigError(path, f"must be a list of mappings, got {type(value).__name__} {str(value)[:60]!r}")
+            for i, item in enumerate(value):
+                if not isinstance(item, dict):
+                    raise ConfigError(f"{path}[{i}]", f"must be a mapping of keys, got {type(item).__name__}")
+                _check_sections(item, inner, f"{path}[{i}].")
+            continue
+        if not isinstance(value, dict):
+            raise ConfigError(path, f"must be a mapping of keys, got {type(value).__name__} {str(value)[:60]!r}")
+        for name, item in value.items() if named else [(None, value)]:
+            if named and item is not None and not isinstance(item, dict):
+                raise ConfigError(f"{path}.{name}", f"must be a mapping of keys, got {type(item).__name__} {str(item)[:60]!r}")
+            _check_sections(item, inner, f"{path}.{name}." if named else f"{path}.")
 
 
 def _unwrap(tp: Any) -> tuple[Any, bool]:

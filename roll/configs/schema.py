@@ -36,9 +36,44 @@ RatioGranularity = Literal["token", "segment", "geometric", "sequence"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
-def opt(default: Any = MISSING, help: str = "", *, factory: Any = MISSING, inert: str | None = None) -> Any:
-    """A dataclass field carrying its documentation (and, for a key without effect, why)."""
-    meta = {"help": help}
+@dataclass(frozen=True)
+class Domain:
+    """The numbers a key accepts: between ``low`` and ``high`` (excluded where ``*_open``). Every number key is
+    also finite and, for integers, within INT_LIMIT, whether or not it names a domain (``domains.check_numbers``)."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def describe(self) -> str:
+        parts = []
+        if self.low is not None:
+            parts.append(f"{'>' if self.low_open else '>='} {self.low:g}")
+        if self.high is not None:
+            parts.append(f"{'<' if self.high_open else '<='} {self.high if isinstance(self.high, int) else format(self.high, 'g')}")
+        return " and ".join(parts) or "finite"
+
+    def holds(self, value: float) -> bool:
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        return not (self.high is not None and (value > self.high or (self.high_open and value == self.high)))
+
+
+INT_LIMIT = 2**53  # integers beyond it are no count or size anyone means (and lose precision as floats)
+NONNEG = Domain(0)
+POSITIVE = Domain(0, low_open=True)
+AT_LEAST_1 = Domain(1)
+UNIT = Domain(0, 1)
+
+
+def opt(default: Any = MISSING, help: str = "", *, factory: Any = MISSING, inert: str | None = None,
+        domain: Domain | None = None) -> Any:
+    """A dataclass field carrying its documentation (and, for a key without effect, why), and for a number its
+    domain (checked at load, shown in docs/config.md)."""
+    meta: dict[str, Any] = {"help": help}
+    if domain is not None:
+        meta["domain"] = domain
     if inert:
         meta["inert"] = inert
     if factory is not MISSING:
@@ -79,7 +114,7 @@ class ModelArgs:
         "describe the same adapter.")
     lora_rank: int = opt(8, "LoRA rank r (with lora_target).")
     lora_alpha: int | None = opt(None, "LoRA scale numerator: the update is (lora_alpha / lora_rank) B A. Unset: 2 x lora_rank.")
-    lora_dropout: float = opt(0.0, "Dropout on the LoRA branch's input during training.")
+    lora_dropout: float = opt(0.0, "Dropout on the LoRA branch's input during training.", domain=Domain(0, 1, high_open=True))
     freeze_module_prefix: str | None = opt(
         None, "Full fine-tuning with these parameters frozen: comma-separated prefixes of parameter names "
         "(model.embed_tokens,model.layers.0; on megatron_train megatron-core's names: embedding,decoder.layers.0). "
@@ -88,24 +123,23 @@ class ModelArgs:
 
 @dataclass
 class TrainingArgs:
-    learning_rate: float = opt(1.0e-6, "Peak learning rate of the optimizer.")
-    weight_decay: float = opt(0.0, "AdamW weight decay.")
-    adam_beta1: float = opt(0.9, "AdamW beta1.")
-    adam_beta2: float = opt(0.999, "AdamW beta2.")
-    adam_epsilon: float = opt(1.0e-8, "AdamW epsilon.")
-    per_device_train_batch_size: int = opt(1, "Micro-batch size per device (rows per forward/backward).")
+    learning_rate: float = opt(1.0e-6, "Peak learning rate of the optimizer.", domain=NONNEG)
+    weight_decay: float = opt(0.0, "AdamW weight decay.", domain=NONNEG)
+    adam_beta1: float = opt(0.9, "AdamW beta1.", domain=UNIT)
+    adam_beta2: float = opt(0.999, "AdamW beta2.", domain=UNIT)
+    adam_epsilon: float = opt(1.0e-8, "AdamW epsilon.", domain=POSITIVE)
+    per_device_train_batch_size: int = opt(1, "Micro-batch size per device (rows per forward/backward).", domain=AT_LEAST_1)
     gradient_accumulation_steps: int = opt(
         1,
         "Micro-batches accumulated per optimizer step. DeepSpeed global batch = per_device_train_batch_size "
-        "x gradient_accumulation_steps x world_size.",
-    )
+        "x gradient_accumulation_steps x world_size.", domain=AT_LEAST_1)
     bf16: bool = opt(
         False, "Mixed precision (deepspeed_train): weights, gradients and optimizer stay fp32 while the forward and "
         "backward run in bf16 under torch.autocast. About 2x faster on CPUs with AVX-512 bf16 and on GPUs; "
         "log-probs then carry bf16 rounding (train and infer agree to about 0.05). Use model_args.dtype: bf16 "
         "for bf16 weights instead.")
-    warmup_steps: int = opt(0, "Linear warmup steps of the LR scheduler.")
-    warmup_ratio: float = opt(0.0, "Warmup as a fraction of total optimizer steps (used when warmup_steps is 0).")
+    warmup_steps: int = opt(0, "Linear warmup steps of the LR scheduler.", domain=NONNEG)
+    warmup_ratio: float = opt(0.0, "Warmup as a fraction of total optimizer steps (used when warmup_steps is 0).", domain=UNIT)
     lr_scheduler_type: Literal["constant", "constant_with_warmup", "linear", "cosine"] = opt(
         "constant", "LR schedule after warmup."
     )
@@ -132,15 +166,14 @@ class DataArgs:
 @dataclass
 class GeneratingArgs:
     max_new_tokens: int | None = opt(
-        None, "Max tokens generated per call (per turn in agentic rollouts). Unset: response_length."
-    )
-    temperature: float = opt(1.0, "Sampling temperature; 0 means greedy.")
-    top_p: float = opt(1.0, "Nucleus sampling probability mass.")
-    top_k: int = opt(-1, "Top-k sampling; 0 or -1 disables it.")
+        None, "Max tokens generated per call (per turn in agentic rollouts). Unset: response_length.", domain=AT_LEAST_1)
+    temperature: float = opt(1.0, "Sampling temperature; 0 means greedy.", domain=NONNEG)
+    top_p: float = opt(1.0, "Nucleus sampling probability mass.", domain=Domain(0, 1, low_open=True))
+    top_k: int = opt(-1, "Top-k sampling; 0 or -1 disables it.", domain=Domain(-1))
     num_beams: int = opt(1, "Beam count; only 1 (sampling) is accepted: RL rollouts sample.")
     num_return_sequences: int = opt(1, "Samples per prompt (RLVR).",
                                     inert="agentic rollouts sample each turn once; group_size sets the samples per state")
-    repetition_penalty: float = opt(1.0, "Repetition penalty (1.0 = off).")
+    repetition_penalty: float = opt(1.0, "Repetition penalty (1.0 = off).", domain=POSITIVE)
     do_sample: bool = opt(True, "Sample (true) or decode greedily (false).")
     stop_strings: list[str] | None = opt(None, "Extra strings that end a generation.")
     include_stop_str_in_output: bool | None = opt(
@@ -165,7 +198,7 @@ class StrategyArgs:
 
 @dataclass
 class WorkerConfig:
-    worker_cls: str | None = opt(None, "Import path of the worker class for this role; unset uses the built-in one.")
+    worker_cls: str | None = opt(None, "Import path of the worker class for this role (a subclass of roll.workers.base.RoleWorker); unset uses the built-in one.")
     model_args: ModelArgs = opt(factory=ModelArgs, help="Model loading arguments.")
     training_args: TrainingArgs = opt(factory=TrainingArgs, help="Optimizer and batch arguments (training roles).")
     data_args: DataArgs = opt(factory=DataArgs, help="Prompt template and data arguments.")
@@ -179,8 +212,8 @@ class WorkerConfig:
     num_gpus_per_worker: int = opt(1, "Devices per worker (inference tensor parallel); world_size = len(device_mapping) / this.")
     world_size: int | None = opt(None, "Workers in this role; derived from device_mapping (a given value must agree).")
     model_update_frequency: int = opt(1, "actor_train: sync its weights to actor_infer every N pipeline steps (ROLL reads it "
-                                      "from actor_train).")
-    infer_batch_size: int = opt(16, "Micro-batch size for log-prob / value forward passes.")
+                                      "from actor_train).", domain=AT_LEAST_1)
+    infer_batch_size: int = opt(16, "Micro-batch size for log-prob / value forward passes.", domain=AT_LEAST_1)
     system_envs: dict[str, str] = opt(
         factory=dict, help="Environment variables set inside this role's worker processes (never on the driver)."
     )
@@ -224,34 +257,34 @@ class EnvManagerConfig:
         "group_size lowest-numbered episodes that finished, so an env fault does not break the group.")
     tags: list[str] = opt(factory=lambda: ["SimpleSokoban"], help="Env tags (keys of custom_envs) this manager runs.")
     num_groups_partition: list[int] | None = opt(
-        None, "Groups per tag (guide alias: n_groups); must sum to num_env_groups. Unset: split evenly over tags."
-    )
+        None, "Groups per tag (guide alias: n_groups); must sum to num_env_groups. Unset: split evenly over tags.", domain=NONNEG)
     max_traj_per_env: int = opt(
         -1, "Episodes each env yields per collection; -1: ceil(batch size / number of envs)."
     )
-    format_penalty: float = opt(0.0, "Reward for a response that does not match the action format (negative); the default for envs whose env_config sets none.")
-    worker_cls: str | None = opt(None, "Import path of the env-host actor class (default roll.agentic.rollout.EnvManagerHost).")
+    format_penalty: float = opt(0.0, "Reward for a response that does not match the action format (negative); the default for envs whose env_config sets none.", domain=Domain(None, 0))
+    worker_cls: str | None = opt(None, "Import path of the env-host actor class (a subclass of roll.agentic.rollout.EnvManagerHost, the default).")
     env_manager_cls: str | None = opt(
-        None, "Import path of the env manager class (trajectory-wise or step-wise); per-env entries may override it.",
+        None, "Import path of the env manager class (trajectory-wise or step-wise: a subclass of roll.agentic.env_managers.base.TrajEnvManager); per-env entries may override it.",
     )
-    max_env_num_per_worker: int = opt(0, "Envs hosted by one env-manager actor; 0 puts all envs in one actor.")
+    max_env_num_per_worker: int = opt(0, "Envs hosted by one env-manager actor; 0 puts all envs in one actor.", domain=NONNEG)
     env_step_timeout: float = opt(
         120.0, "Seconds an env's reset or step may take. Past it the episode is dropped and counted (env_errors, with "
         "tag, env id, seed and turn in the log), the env is re-created, and the episode retried up to max_env_retries "
-        "times. 0: no limit.")
+        "times. 0: no limit.", domain=NONNEG)
     episode_timeout: float = opt(
         3600.0, "Seconds one episode may take, generation included; past it the episode is dropped like a hung env. "
-        "0: no limit.")
-    max_env_retries: int = opt(3, "Times an episode whose env raised or hung is retried (same seed, fresh env).")
+        "0: no limit.", domain=NONNEG)
+    max_env_retries: int = opt(3, "Times an episode whose env raised or hung is retried (same seed, fresh env).", domain=NONNEG)
     min_healthy_share: float = opt(
-        0.0, "Share of a collection's episodes (of the batch size) that must survive their env faults; below it the "
-        "run stops with one line naming the env tag and the first error. 0: stop only when no episode survived.")
+        0.5, "Share of a collection's episodes (of the batch size) that must survive their env faults; below it the "
+        "run stops with one line naming the env tag and the first error. The default stops a step that lost more "
+        "than half its episodes rather than train on the rest; 0: stop only when no episode survived.", domain=UNIT)
     system_envs: dict[str, str] = opt(factory=dict, help="Environment variables set inside env-manager actors.")
     generating_args: GeneratingArgs | None = opt(
         None, "Sampling override for this manager (e.g. greedy validation); unset: actor_infer's."
     )
     group_filter_cls: str | None = opt(
-        None, "Import path of a group filter: built as cls(config, env_manager_config, mode), asked filter(group_id, "
+        None, "Import path of a group filter (a subclass of roll.agentic.group_filters.GroupFilter): built as cls(config, env_manager_config, mode), asked filter(group_id, "
         "episode_id, group) -> True to drop a complete group, which is then played again on a fresh level (group: "
         "that group's Trajectory objects). roll.agentic.group_filters.DropUniformRewards drops training groups whose "
         "episodes all scored the same (they carry no GRPO gradient). Unset (or ROLL's default GroupFilter): keep all.")
@@ -265,11 +298,11 @@ class CustomEnvConfig:
     env_type: str = opt(help="Gymnasium id of the env (e.g. sokoban, frozen_lake), an import path 'pkg.mod:Class', or "
                         "a GEM id (game:GuessTheNumber-v0, rg:letter_counting, math:GSM8K, qa:HotpotQA, ...; ROLL's "
                         "roll_math, roll_qa, roll_code), made by GEM's registry (the gem extra).")
-    max_steps: int = opt(10, "Max turns (actions) per episode.")
-    max_tokens_per_step: int = opt(128, "Max tokens the model may generate in one turn.")
-    env_manager_cls: str | None = opt(None, "Import path of the env manager for this tag.")
+    max_steps: int = opt(10, "Max turns (actions) per episode.", domain=AT_LEAST_1)
+    max_tokens_per_step: int = opt(128, "Max tokens the model may generate in one turn.", domain=AT_LEAST_1)
+    env_manager_cls: str | None = opt(None, "Import path of the env manager for this tag (a subclass of TrajEnvManager).")
     entry_point: str | None = opt(
-        None, "Import path 'pkg.mod:Class' registered under env_type when env_type is not registered yet."
+        None, "Import path 'pkg.mod:Class' (a gymnasium.Env subclass) registered under env_type when env_type is not registered yet."
     )
     agent_system_template: str | None = opt(None, "System prompt of the agent.")
     agent_template: str | None = opt(
@@ -284,15 +317,14 @@ class CustomEnvConfig:
         "ROLL's GEM and pull-mode runners are not shipped.")
     max_env_step_concurrent: int = opt(
         0, "At most this many reset/step calls of this tag's envs run at once, across all env managers (for envs "
-        "backed by a rate-limited service). 0: no limit.")
+        "backed by a rate-limited service). 0: no limit.", domain=NONNEG)
     num_demonstrations: int = opt(
         0,
         "Example exchanges the conversation opens with: boards of the env's own kind (fixed seeds, the same in "
         "every episode) each answered with the env's expert move, as earlier user/assistant turns. They are "
         "context, never trained on; they show a small model the answer format. Needs an env with an expert "
         "(Sokoban, FrozenLake) and the default answer pattern, or a GEM env, whose examples are answered with "
-        "GEM's own random action (a reply in the right format, not a good move).",
-    )
+        "GEM's own random action (a reply in the right format, not a good move).", domain=NONNEG)
     env_config: dict[str, Any] = opt(
         factory=dict, help="Keyword arguments of the env constructor (dim_room, num_boxes, format_penalty, ...). "
         "GEM envs: GEM's own arguments over the id's registered defaults; dataset_name is a local .jsonl/.json/"
@@ -310,10 +342,10 @@ class CustomEnvConfig:
 @dataclass
 class EnvMonitorConfig:
     enable: bool = opt(True, "Report env activity while a rollout runs (a progress line, hung envs).")
-    monitor_interval: float = opt(30, "Seconds between two looks at every env during a rollout.")
+    monitor_interval: float = opt(30, "Seconds between two looks at every env during a rollout.", domain=POSITIVE)
     hung_timeout: float = opt(
         3600, "An env with no progress (no new turn, env call or generation) for this many seconds is reported once, "
-        "by tag, env id, seed, turn and phase. Reporting only: env_step_timeout and episode_timeout drop episodes.")
+        "by tag, env id, seed, turn and phase. Reporting only: env_step_timeout and episode_timeout drop episodes.", domain=POSITIVE)
 
 
 @dataclass
@@ -340,7 +372,7 @@ class TrainInferISWeight:
     weight_type: RatioGranularity = opt(
         "token", "Granularity of the weight: token; segment (exp of the mean log-ratio over each model turn); "
         "geometric (exp of the row's mean log-ratio); sequence (exp of the row's summed log-ratio).")
-    upper_bound: float | None = opt(1.2, "Weights are clipped to [0, upper_bound]; null: no clipping.")
+    upper_bound: float | None = opt(1.2, "Weights are clipped to [0, upper_bound]; null: no clipping.", domain=NONNEG)
     detach: bool = opt(True, "No gradient through the weight.")
 
 
@@ -375,12 +407,12 @@ class RolloutMock:
 class PipelineConfig:
     # --- basic
     exp_name: str = opt("agentic_pipeline", "Experiment name used in output paths and tracker runs.")
-    seed: int = opt(42, "Seed for all random generators (envs, sampling, init).")
+    seed: int = opt(42, "Seed for all random generators (envs, sampling, init).", domain=Domain(0, 2**32 - 1))
     deterministic: bool = opt(
         False, "Reproducible runs: every generation request is sampled alone with its own seed (slower; dynamic "
         "batching otherwise makes sampling depend on timing). Used to check resume equality."
     )
-    rpc_timeout: int = opt(3600, "Seconds a call to a Ray worker may take before it raises naming the role and method.")
+    rpc_timeout: int = opt(3600, "Seconds a call to a Ray worker may take before it raises naming the role and method.", domain=POSITIVE)
     output_dir: str = opt("./output", "Checkpoints and run outputs.")
     logging_dir: str = opt("./output/logs", "Log files.")
     rollout_dump_dir: str | None = opt(
@@ -397,9 +429,9 @@ class PipelineConfig:
         factory=dict, help="ROLL's checkpoint upload settings (type, output_dir).",
         inert="checkpoints are always written under output_dir/checkpoints")
     # --- schedule
-    max_steps: int = opt(500, "Pipeline steps to run (>= 1).")
+    max_steps: int = opt(500, "Pipeline steps to run (>= 1).", domain=AT_LEAST_1)
     save_steps: int = opt(50, "Save a checkpoint every N steps.")
-    max_ckpt_to_keep: int = opt(0, "Checkpoints kept (oldest removed first); 0 keeps all.")
+    max_ckpt_to_keep: int = opt(0, "Checkpoints kept (oldest removed first); 0 keeps all.", domain=NONNEG)
     logging_steps: int = opt(1, "Log metrics every N steps.")
     eval_steps: int = opt(10, "Run validation rollouts every N steps (0 disables).")
     resume_from_checkpoint: bool | str = opt(
@@ -432,7 +464,7 @@ class PipelineConfig:
     node_join_timeout: int = opt(
         600, "Seconds a multi-node launch (WORLD_SIZE > 1) waits: a rank > 0 for the Ray head at "
         "MASTER_ADDR:MASTER_PORT, rank 0 for all WORLD_SIZE nodes to join. Past it the rank stops in one line "
-        "naming the address.")
+        "naming the address.", domain=POSITIVE)
     # --- scheduling and requests
     generate_opt_level: int = opt(
         1, "0: plain batched generate; 1: request scheduler (dynamic batching).",
@@ -465,33 +497,33 @@ class PipelineConfig:
     reward_pretrain: str | None = opt(None, "Default model of the critic (and reward role).")
     # --- PPO core
     ppo_epochs: int = opt(1, "Optimisation passes over each collected batch.")
-    max_grad_norm: float = opt(1.0, "Gradient clipping norm.")
+    max_grad_norm: float = opt(1.0, "Gradient clipping norm.", domain=NONNEG)
     l2: float = opt(
         0.0, "L2 regularisation coefficient. Only 0 is accepted: no L2 term is added to the loss (ROLL defines the "
         "key but does not apply it either); use training_args.weight_decay.")
-    lambd: float = opt(0.95, "GAE lambda (bias/variance trade-off).")
-    gamma: float = opt(1.0, "Discount factor.")
-    pg_clip: float = opt(0.2, "PPO ratio clip range.")
+    lambd: float = opt(0.95, "GAE lambda (bias/variance trade-off).", domain=UNIT)
+    gamma: float = opt(1.0, "Discount factor.", domain=UNIT)
+    pg_clip: float = opt(0.2, "PPO ratio clip range.", domain=NONNEG)
     use_pg_clip_range: bool = opt(False, "Use pg_clip_low / pg_clip_high instead of pg_clip.")
-    pg_clip_low: float = opt(0.2, "Lower clip range (ratio >= 1 - pg_clip_low).")
-    pg_clip_high: float = opt(0.2, "Upper clip range (ratio <= 1 + pg_clip_high).")
+    pg_clip_low: float = opt(0.2, "Lower clip range (ratio >= 1 - pg_clip_low).", domain=UNIT)
+    pg_clip_high: float = opt(0.2, "Upper clip range (ratio <= 1 + pg_clip_high).", domain=NONNEG)
     dual_clip_loss: bool = opt(False, "Dual-clip PPO: bound the loss of negative-advantage tokens by dual_clip_c.")
     dual_clip_c: float | None = opt(
         None, "Dual-clip constant (> 1). Unset: ROLL's 1 + 2 x pg_clip.")
-    value_clip: float | None = opt(None, "Clip range of the value update (critic); unset: no clipping.")
+    value_clip: float | None = opt(None, "Clip range of the value update (critic); unset: no clipping.", domain=POSITIVE)
     kl_penalty: KLPenalty = opt(
         "kl", "KL estimator of the token-level penalty: kl/k1 (logp - ref), abs, mse/k2, low_var_kl/k3. 'full' (the "
         "whole-vocabulary KL) is refused at load: it needs both models' logits at every token."
     )
-    target_kl: float | None = opt(None, "Target KL of the adaptive controller; unset: fixed coefficient.")
-    init_kl_coef: float = opt(0.2, "Initial KL penalty coefficient (fixed or adaptive controller).")
-    kl_horizon: int = opt(10000, "Horizon of the adaptive KL controller.")
+    target_kl: float | None = opt(None, "Target KL of the adaptive controller; unset: fixed coefficient.", domain=POSITIVE)
+    init_kl_coef: float = opt(0.2, "Initial KL penalty coefficient (fixed or adaptive controller).", domain=NONNEG)
+    kl_horizon: int = opt(10000, "Horizon of the adaptive KL controller.", domain=AT_LEAST_1)
     # --- reward / advantage processing
     use_reward_scaling: bool = opt(
         False, "Scale rewards by running statistics.",
         inert="ROLL defines it and applies it nowhere; use reward_norm: running")
     add_len_reward: bool = opt(False, "Add a response-length reward term.", inert="ROLL defines it and applies it nowhere")
-    reward_clip: float | None = opt(None, "Clip rewards to [-reward_clip, reward_clip].")
+    reward_clip: float | None = opt(None, "Clip rewards to [-reward_clip, reward_clip].", domain=POSITIVE)
     difficulty_loss_weight: bool = opt(
         False, "Weight the loss by prompt difficulty (RLVR).", inert="ROLL applies it to RLVR prompts only, not to agentic runs")
     length_loss_weight: bool = opt(
@@ -500,7 +532,7 @@ class PipelineConfig:
                                 inert="ROLL defines it and applies it nowhere; use reward_norm or reward_normalization")
     whiten_rewards: bool = opt(False, "Whiten rewards before advantages.")
     whiten_advantages: bool = opt(False, "Whiten advantages (zero mean, unit variance over valid tokens).")
-    advantage_clip: float | None = opt(None, "Clip advantages to [-advantage_clip, advantage_clip].")
+    advantage_clip: float | None = opt(None, "Clip advantages to [-advantage_clip, advantage_clip].", domain=POSITIVE)
     adv_estimator: AdvEstimator = opt("gae", "Advantage estimator (gae needs a critic).")
     reward_norm: Literal["batch", "group", "running"] | None = opt(
         None, "Reward normalisation scope: batch, group (per traj group), running (running stats), null: off."
@@ -511,14 +543,14 @@ class PipelineConfig:
     norm_std_type: Literal["batch", "group", "running"] | None = opt(None, "ROLL's split form of reward_norm: std scope.")
     # --- loss components
     add_token_level_kl: bool = opt(False, "Subtract a per-token KL penalty (init_kl_coef x KL to reference) from rewards.")
-    critic_warmup: int = opt(0, "Steps that train only the critic before the actor starts updating.")
+    critic_warmup: int = opt(0, "Steps that train only the critic before the actor starts updating.", domain=NONNEG)
     use_kl_loss: bool = opt(False, "Add a KL-to-reference term to the actor loss.")
-    kl_loss_coef: float = opt(0.0, "Coefficient of the KL loss.")
+    kl_loss_coef: float = opt(0.0, "Coefficient of the KL loss.", domain=NONNEG)
     kl_loss_type: KLPenalty = opt("low_var_kl", "Estimator of the KL loss (as kl_penalty; 'full' is refused).")
-    entropy_loss_coef: float = opt(0.0, "Entropy bonus coefficient (encourages exploration).")
-    sft_loss_coef: float = opt(0.0, "SFT loss coefficient on positive samples.")
+    entropy_loss_coef: float = opt(0.0, "Entropy bonus coefficient (encourages exploration).", domain=NONNEG)
+    sft_loss_coef: float = opt(0.0, "SFT loss coefficient on positive samples.", domain=NONNEG)
     use_topr_loss: bool = opt(False, "Use the TOPR loss (truncated importance weights for negatives).")
-    rl_loss_coef: float = opt(1.0, "Coefficient of the RL (policy-gradient) loss.")
+    rl_loss_coef: float = opt(1.0, "Coefficient of the RL (policy-gradient) loss.", domain=NONNEG)
     loss_agg_mode: LossAggMode = opt("seq-mean-token-mean", "How token losses aggregate into one scalar.")
     enable_old_logprobs_recompute: bool = opt(
         False, "Always run actor_train's extra forward for the old log-probs. False (ROLL's default): when that "
@@ -545,7 +577,7 @@ class PipelineConfig:
     )
     episode_reward_weight: float = opt(1.0, "GiGPO: weight of the episode-level advantage.")
     step_reward_weight: float = opt(1.0, "GiGPO: weight of the step-level advantage.")
-    step_reward_gamma: float = opt(0.95, "GiGPO / step_reinforce: discount of per-step returns.")
+    step_reward_gamma: float = opt(0.95, "GiGPO / step_reinforce: discount of per-step returns.", domain=UNIT)
     ratio_type: Literal["token", "segment"] = opt(
         "token", "Importance ratio of the actor loss per token, or per turn segment (the exp of the mean log-ratio "
         "over each contiguous run of model tokens, on each of its tokens).")

@@ -52,9 +52,14 @@ def _import(path: str, where: str) -> Any:
     except ModuleNotFoundError as e:
         raise ConfigError(where, f"cannot import {module_name!r} for strategy {path!r}: {e}") from None
     try:
-        return getattr(module, attr)
+        target = getattr(module, attr)
     except AttributeError:
         raise ConfigError(where, f"{module_name!r} has no {attr!r}") from None
+    from roll.strategies.base import InferenceStrategy, TrainStrategy
+
+    if not (isinstance(target, type) and issubclass(target, (InferenceStrategy, TrainStrategy))):
+        raise ConfigError(where, f"{path!r} is not a strategy class (a subclass of InferenceStrategy or TrainStrategy)")
+    return target
 
 
 def default_registry() -> StrategyRegistry:

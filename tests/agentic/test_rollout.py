@@ -11,6 +11,7 @@ from transformers import AutoTokenizer
 from roll.agentic.conversation import ChatTemplate
 from roll.agentic.env_managers.base import EpisodeLimits
 from roll.agentic.generation import RequestBatcher, ScriptedPolicy
+from roll.agentic.group_filters import GroupFilter
 from roll.agentic.rollout import RolloutFailure, local_factory, make_rollout
 from roll.configs.loading import load_config
 
@@ -372,7 +373,7 @@ def test_the_env_monitor_can_be_switched_off(tok, caplog):
     assert not [rec for rec in caplog.records if rec.name == "roll.agentic.env_monitor"]
 
 
-class DropGroupZeroOnce:
+class DropGroupZeroOnce(GroupFilter):
     """A group filter (ROLL's interface) that drops group 0 the first time it is asked, and records its calls."""
 
     calls: list = []

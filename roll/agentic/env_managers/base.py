@@ -47,8 +47,25 @@ class EpisodeLimits:
         return EpisodeLimits(em_config.env_step_timeout, em_config.episode_timeout, em_config.max_env_retries)
 
 
-class EnvTimeout(TimeoutError):
+class EnvFault(Exception):
+    """The env's own code failed (its constructor, reset, step, demonstrations) or ran past a limit: the episode is
+    dropped, counted in env_errors and retried on a fresh env. Anything else an episode raises is not the env's."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+class EnvTimeout(EnvFault, TimeoutError):
     """An env call or an episode that ran past its limit."""
+
+
+class EpisodeCrash(RuntimeError):
+    """An episode failed outside the env (generation, the chat template, a manager's own code): the run stops with
+    this one line naming where, instead of the failure hiding among env errors."""
+
+
+def _env_fault(e: BaseException) -> EnvFault:
+    return e if isinstance(e, EnvFault) else EnvFault(f"{type(e).__name__}: {e}")
 
 
 @dataclass(frozen=True)
@@ -219,11 +236,17 @@ class TrajEnvManager:
                 try:
                     trajectories.append(self.run_episode(request))
                     break
-                except Exception as e:  # noqa: BLE001 - an env fault drops this episode only
-                    errors.append(EnvError(request, f"{type(e).__name__}: {e}"))
+                except EnvFault as e:  # the env's own failure drops this episode only
+                    message = str(e) if isinstance(e, EnvTimeout) or ": " in str(e) else f"{type(e).__name__}: {e}"
+                    errors.append(EnvError(request, message))
                     log.warning("env %s (%s, seed %s) %s: %s; re-creating it", request.slot.env_id, request.slot.tag,
                                 request.seed, "hung" if isinstance(e, EnvTimeout) else "raised", e)
                     self._envs.pop(request.slot.env_id, None)
+                except Exception as e:
+                    phase = self.activity.phase_of(slot.env_id)
+                    raise EpisodeCrash(f"{type(self).__name__}, env {slot.env_id} ({slot.tag}, seed {request.seed}), "
+                                       f"during {phase}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                                       ) from e
                 finally:
                     self.activity.end(slot.env_id)
         return trajectories, errors
@@ -233,7 +256,10 @@ class TrajEnvManager:
 
     def _env(self, slot: EnvSlot) -> Any:
         if slot.env_id not in self._envs:
-            self._envs[slot.env_id] = self.make_env(slot)
+            try:
+                self._envs[slot.env_id] = self.make_env(slot)
+            except Exception as e:  # the env's constructor
+                raise _env_fault(e) from e
         return self._envs[slot.env_id]
 
     def run_episode(self, request: EpisodeRequest) -> Trajectory:
@@ -242,7 +268,10 @@ class TrajEnvManager:
         env = self._env(slot)
         max_turns = int(entry.get("max_steps", 10))
         step_cap = int(entry.get("max_tokens_per_step", self.params.max_new_tokens))
-        self.demonstration_pairs(slot, env)  # before reset: making them resets the env
+        try:
+            self.demonstration_pairs(slot, env)  # before reset: making them resets the env
+        except Exception as e:  # the env's own expert and boards
+            raise _env_fault(e) from e
         started = t_env = time.perf_counter()
         obs, info = self.call_env(slot, "reset", 0, env.reset, seed=request.seed)
         self._observed.suffix = info.get("suffix")
@@ -316,6 +345,8 @@ class TrajEnvManager:
         if not timeout:
             try:
                 return fn(*args, **kwargs)
+            except Exception as e:  # the env's code: an env fault
+                raise _env_fault(e) from e
             finally:
                 if limiter is not None:
                     limiter.release()
@@ -336,7 +367,8 @@ class TrajEnvManager:
         if not done.wait(timeout):
             raise EnvTimeout(f"env.{what} did not return within env_step_timeout={timeout:g} s (turn {turn})")
         if "error" in box:
-            raise box["error"]
+            error = box["error"]
+            raise (_env_fault(error) if isinstance(error, Exception) else error) from error
         return box["value"]
 
     # --- per-granularity pieces
