@@ -7,6 +7,7 @@ Subclasses implement ``_new_episode``, ``_apply``, ``render_text``, ``instructio
 
 from __future__ import annotations
 
+import math
 import string
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -71,6 +72,8 @@ class TextEnv(gym.Env[str, str]):
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         self.action_pattern = action_pattern
         self.format_penalty = float(format_penalty)
+        if not math.isfinite(self.format_penalty):
+            raise ValueError(f"format_penalty must be a finite number, got {format_penalty!r}")
         self.max_steps = max_steps
         self.render_mode = render_mode
         self.observation_space = text_space(self.extra_chars)

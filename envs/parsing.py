@@ -96,11 +96,43 @@ def _between(text: str, start: str, end: str) -> str | None:
     return None if j < 0 else text[i + len(start): j]
 
 
+def _think_answer(text: str) -> str | None:
+    """What THINK_ACTION_PATTERN's answer group captures at the regex's leftmost match, in linear time.
+
+    A ``</think>`` can close the thought when whitespace and ``<answer>`` follow it and some ``</answer>`` comes
+    after that (a "good" close; whether one does depends on the close alone). The leftmost match starts at the
+    first ``<think>`` with a good close after its tag, the lazy thought ends at the first such close, and the
+    answer runs to the first ``</answer>`` after its tag."""
+    last_end = text.rfind("</answer>")
+    if last_end < 0:
+        return None
+    good: list[tuple[int, int]] = []  # (position of a good </think>, where its answer starts)
+    j = text.find("</think>")
+    while j >= 0:
+        k = j + len("</think>")
+        while k < len(text) and text[k].isspace():
+            k += 1
+        if text.startswith("<answer>", k) and last_end >= k + len("<answer>"):
+            good.append((j, k + len("<answer>")))
+        j = text.find("</think>", j + 1)
+    if not good:
+        return None
+    # the first <think> decides: a later one could only reach fewer good closes
+    i = text.find("<think>")
+    if i < 0 or i + len("<think>") > good[-1][0]:
+        return None
+    start = i + len("<think>")
+    answer_at = next(a for g, a in good if g >= start)
+    return text[answer_at: text.find("</answer>", answer_at)]
+
+
 def parse_answer(text: str, pattern: str = DEFAULT_ACTION_PATTERN) -> Parsed:
-    """The text the pattern captures (its last group: the answer of a think+answer pattern)."""
+    """The text the pattern captures (its last group: the answer of a think+answer pattern). The two patterns
+    we ship are matched by linear scans with the regex's result; any other pattern by ``re``."""
     text = bounded(text)
-    if pattern == DEFAULT_ACTION_PATTERN:
-        value = _between(text, "<answer>", "</answer>")
+    if pattern in (DEFAULT_ACTION_PATTERN, THINK_ACTION_PATTERN):
+        value = (_between(text, "<answer>", "</answer>") if pattern == DEFAULT_ACTION_PATTERN
+                 else _think_answer(text))
         if value is None:
             return Parsed(error=f"no action found: the response must match {pattern}")
         return Parsed(value=value.strip())

@@ -11,6 +11,7 @@ from pathlib import Path
 from roll.configs.errors import ConfigError
 
 EXIT_CONFIG_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
 def parse_args(argv: Sequence[str], rollout_only: bool = False) -> argparse.Namespace:
@@ -58,6 +59,7 @@ def main(argv: Sequence[str] | None = None, *, search_roots: Sequence[Path] = ()
     from roll.agentic.rollout import RolloutFailure
     from roll.distributed.cluster import RpcTimeoutError, WorkerDiedError
     from roll.distributed.launch import LaunchError
+    from roll.utils.checkpoint import CheckpointError
 
     try:
         return launch_and_train(loaded.config, rollout_only)
@@ -66,6 +68,16 @@ def main(argv: Sequence[str] | None = None, *, search_roots: Sequence[Path] = ()
         return 1
     except (WorkerDiedError, RpcTimeoutError) as e:  # a role worker (or its node) lost mid-run
         print(f"worker error: {e}", file=sys.stderr)
+        return 1
+    except CheckpointError as e:  # a checkpoint that does not load although it matches its manifest
+        print(f"checkpoint error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # Ctrl-C: the workers are stopped, no unfinished checkpoint is left
+        print(f"interrupted: stopped at Ctrl-C; complete checkpoints stay in {loaded.config.output_dir}/checkpoints",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as e:  # a full disk, a folder that became unwritable
+        print(f"system error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     except ConfigError as e:  # found at start-up, before any worker ran (e.g. a GPU backend without a GPU)
         print(f"config error: {e}", file=sys.stderr)

@@ -58,8 +58,8 @@ from roll.configs.derive import (
 from roll.configs.inputs import check_inputs
 from roll.configs.schema import PipelineConfig
 from roll.distributed.batch import Batch
-from roll.distributed.cluster import WorkerDiedError
-from roll.utils.checkpoint import read_state, resolve_resume, save_checkpoint
+from roll.distributed.cluster import RpcTimeoutError, WorkerDiedError, last_line
+from roll.utils.checkpoint import CheckpointError, read_state, resolve_resume, save_checkpoint, sweep_partial
 from roll.utils.tracking import make_tracker
 
 log = logging.getLogger(__name__)
@@ -144,6 +144,8 @@ class AgenticPipeline:
         self.roles = pipeline_roles(cfg)
         preflight(cfg, self.roles)
         self.cfg = cfg
+        for folder in sweep_partial(cfg.output_dir):  # left by a run killed while it wrote a checkpoint
+            log.warning("removed an unfinished checkpoint: %s", folder)
         self._init_run_state()
         self.clusters: dict[str, Any] = {}
         self._start_workers()
@@ -267,7 +269,12 @@ class AgenticPipeline:
         state = read_state(path)
         for role in ("actor_train", "critic"):
             if role in self.clusters:
-                self.clusters[role].call("load_checkpoint", str(path / role))
+                try:
+                    self.clusters[role].call("load_checkpoint", str(path / role))
+                except (WorkerDiedError, RpcTimeoutError):
+                    raise
+                except Exception as e:  # files that match the manifest yet do not load (edited consistently)
+                    raise CheckpointError(f"{path / role}: cannot be loaded: {last_line(e)}") from None
         self.start_step = int(state["step"]) + 1
         self.version = int(state.get("version", state["step"]))  # the weights saved: the next sync makes it start_step
         kl = state.get("kl_coef")

@@ -13,7 +13,7 @@ import string
 from typing import Any
 
 from roll.configs import schema
-from roll.configs.errors import ConfigError
+from roll.configs.errors import ConfigError, nearest
 
 TEMPLATE_FIELDS = {"observation", "turn_idx", "actions_left", "max_response_length", "suffix"}
 # ROLL's step-wise prompt (one user message holding the recent history), read by the step-wise manager
@@ -58,8 +58,18 @@ def _check_number(path: str, value: float, domain: schema.Domain | None) -> None
         raise ConfigError(path, f"must be {domain.describe()}, got {value!r}")
 
 
+# per-row keys a rollout batch carries (and the scopes advantage.grouping_ids knows): what grouping may name
+ROW_GROUPINGS = ("batch", "state", "inductive", "traj_group_id", "traj_id", "tags", "env_id", "state_hash")
+ATTENTION = ("eager", "sdpa", "fa", "fa2", "flash_attention_2", "flash_attention_3", "flex_attention")
+
+
 def check_domains(cfg: schema.PipelineConfig) -> None:
     check_numbers(cfg)
+    grouping = cfg.reward_normalization.grouping
+    if grouping not in ROW_GROUPINGS:
+        hint = nearest(grouping, ROW_GROUPINGS)
+        raise ConfigError("reward_normalization.grouping", f"{grouping!r} is no per-row key of a rollout batch "
+                          f"(one of {', '.join(ROW_GROUPINGS)})" + (f"; did you mean {hint!r}?" if hint else ""))
     for name in ("exp_name", "output_dir"):
         if not str(getattr(cfg, name) or "").strip():
             raise ConfigError(name, "must not be empty")
@@ -102,6 +112,14 @@ def _check_step_templates(cfg: schema.PipelineConfig) -> None:
 def _check_worker(role: str, worker: schema.WorkerConfig) -> None:
     if worker.model_args.model_name_or_path is not None and not str(worker.model_args.model_name_or_path).strip():
         raise ConfigError(f"{role}.model_args.model_name_or_path", "must not be empty")
+    attn = worker.model_args.attn_implementation
+    if attn is not None and attn not in ATTENTION:
+        hint = nearest(str(attn), ATTENTION)
+        raise ConfigError(f"{role}.model_args.attn_implementation", f"unknown kernel {attn!r} (one of "
+                          f"{', '.join(ATTENTION)})" + (f"; did you mean {hint!r}?" if hint else ""))
+    stops = worker.generating_args.stop_strings or []
+    if any(not str(x) for x in stops):  # an empty stop string ends every generation at once
+        raise ConfigError(f"{role}.generating_args.stop_strings", "must not contain an empty string")
     _check_generating(f"{role}.generating_args", worker.generating_args)
 
 

@@ -37,7 +37,9 @@ def check_inputs(cfg: schema.PipelineConfig, rollout_only: bool = False) -> None
         _check_class_path(f"{name}.group_filter_cls", em.group_filter_cls, "group_filter")
     used = dict.fromkeys(cfg.train_env_manager.tags + (cfg.val_env_manager.tags if validation else []))
     for tag in used:
-        _check_env(f"custom_envs.{tag}", cfg.custom_envs[tag])
+        # a hung constructor or reset stops the start like a hung step stops an episode
+        limit = max(float(getattr(cfg, m).env_step_timeout) for m in ("train_env_manager", "val_env_manager"))
+        _check_env(f"custom_envs.{tag}", cfg.custom_envs[tag], limit)
     _check_writable("output_dir", cfg.output_dir)
     if cfg.rollout_dump_dir:
         _check_writable("rollout_dump_dir", cfg.rollout_dump_dir)
@@ -155,18 +157,22 @@ def _check_class_path(path: str, value: str | None, kind: str) -> None:
         raise ConfigError(path, str(e)) from None
 
 
-def _check_env(path: str, entry: schema.CustomEnvConfig) -> None:
+def _check_env(path: str, entry: schema.CustomEnvConfig, timeout: float = 0.0) -> None:
     """Build the env with its env_config and reset it once: unknown ids, arguments the env does not take
-    and values it refuses (dim_room [0, 0], num_boxes 1000, format_penalty 'abc') all show here."""
+    and values it refuses (dim_room [0, 0], num_boxes 1000, format_penalty 'abc') all show here. Each call is
+    bounded by ``timeout`` seconds (env_step_timeout; 0: unbounded)."""
     from envs.registration import make_env
     from envs.task_data import DataUnavailable
 
     _check_class_path(f"{path}.env_manager_cls", entry.env_manager_cls, "env_manager")
     tools = _check_tools(f"{path}.tool_wrapper", entry.tool_wrapper) if entry.tool_wrapper else None
     try:
-        env = make_env(entry.env_type, entry.entry_point, **dict(entry.env_config or {}))
+        env = _bounded(lambda: make_env(entry.env_type, entry.entry_point, **dict(entry.env_config or {})),
+                       timeout, path, "building the env")
     except DataUnavailable as e:  # a data set that is not on this machine: said before anything starts
         raise ConfigError(f"{path}.env_config.dataset_name", str(e)) from None
+    except ConfigError:
+        raise
     except Exception as e:  # noqa: BLE001 - whatever the env's constructor refuses, named by key
         raise ConfigError(f"{path}.env_config", _one_line(e)) from None
     if tools is not None:
@@ -174,17 +180,45 @@ def _check_env(path: str, entry: schema.CustomEnvConfig) -> None:
 
         env = ToolEnvWrapper(env, tools, **dict(entry.tool_wrapper.get("wrapper_args") or {}))
     try:
-        env.reset(seed=0)
+        _bounded(lambda: env.reset(seed=0), timeout, path, "env.reset")
+    except ConfigError:
+        raise
     except Exception as e:  # noqa: BLE001
         raise ConfigError(f"{path}.env_config", f"the env fails to reset: {_one_line(e)}") from None
     if entry.num_demonstrations > 0:
         try:
-            env.demonstrations(1)
+            _bounded(lambda: env.demonstrations(1), timeout, path, "env.demonstrations")
         except (ValueError, NotImplementedError) as e:
             raise ConfigError(f"{path}.num_demonstrations", _one_line(e)) from None
     close = getattr(env, "close", None)
     if close is not None:
         close()
+
+
+def _bounded(fn: Any, timeout: float, path: str, what: str) -> Any:
+    """``fn()`` in a daemon thread, waited for at most ``timeout`` seconds (0: as long as it takes); a call
+    that does not return in time is left behind and named in a ConfigError."""
+    if not timeout:
+        return fn()
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True, name=f"env-check-{path}")
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise ConfigError(f"{path}.env_config", f"{what} did not return within env_step_timeout={timeout:g} s "
+                          "during the start-up check")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
 
 
 def _check_tools(path: str, tool_wrapper: dict[str, Any]) -> list[Any]:

@@ -39,6 +39,13 @@ def plan_dispatch(layout: list[tuple[int, int, bool]]) -> tuple[int, list[int]]:
     return dp_size, [collectors[d] for d in range(dp_size)]
 
 
+def last_line(e: BaseException) -> str:
+    """The last non-empty line of an error's text: for an error raised in a Ray worker, the error itself (its text
+    opens with the remote traceback)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return (lines[-1] if lines else type(e).__name__)[:300]
+
+
 def _node_id(_actor: Any) -> str:
     import ray
 

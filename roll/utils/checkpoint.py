@@ -25,6 +25,8 @@ MANIFEST_FILE = "manifest.json"
 
 class CheckpointError(ValueError):
     """A checkpoint folder that is incomplete, corrupted or not what its name says."""
+
+
 _NAME = re.compile(r"^step_(\d+)$")
 
 
@@ -39,13 +41,17 @@ def save_checkpoint(output_dir: str, step: int, write_parts: Callable[[Path], No
     root = checkpoint_root(output_dir)
     final = root / f"step_{step:06d}"
     partial = root / f"step_{step:06d}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
+    sweep_partial(output_dir)
     partial.mkdir(parents=True)
-    write_parts(partial)
-    tmp_state = partial / (STATE_FILE + ".tmp")
-    tmp_state.write_text(json.dumps({"step": step, **state}, indent=1))
-    os.replace(tmp_state, partial / STATE_FILE)
-    write_manifest(partial, step)
+    try:
+        write_parts(partial)
+        tmp_state = partial / (STATE_FILE + ".tmp")
+        tmp_state.write_text(json.dumps({"step": step, **state}, indent=1))
+        os.replace(tmp_state, partial / STATE_FILE)
+        write_manifest(partial, step)
+    except BaseException:  # a full disk, Ctrl-C, a failing role: nothing half-written stays behind
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(partial, final)
@@ -53,6 +59,15 @@ def save_checkpoint(output_dir: str, step: int, write_parts: Callable[[Path], No
         for old in complete_checkpoints(output_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def sweep_partial(output_dir: str) -> list[Path]:
+    """Remove the unfinished checkpoint folders (``*.partial``) a killed run left; returns what was removed."""
+    root = checkpoint_root(output_dir)
+    found = sorted(root.glob("step_*.partial")) if root.is_dir() else []
+    for folder in found:
+        shutil.rmtree(folder, ignore_errors=True)
+    return found
 
 
 def _sha256(path: Path) -> str:
@@ -80,6 +95,7 @@ def verify_checkpoint(folder: Path) -> dict[str, Any]:
         files, step = manifest["files"], int(manifest["step"])
     except (ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{manifest_path}: unreadable ({type(e).__name__}: {e})") from None
+    _check_manifest_shape(manifest_path, files)
     if match is not None and int(match.group(1)) != step:
         raise CheckpointError(f"{folder}: the manifest says step {step}, the folder name says {int(match.group(1))}")
     for name, entry in files.items():
@@ -96,9 +112,33 @@ def verify_checkpoint(folder: Path) -> dict[str, Any]:
         state = json.loads((folder / STATE_FILE).read_text())
     except ValueError as e:
         raise CheckpointError(f"{folder / STATE_FILE}: not valid JSON ({e})") from None
-    if state.get("step") != step:
-        raise CheckpointError(f"{folder / STATE_FILE}: step {state.get('step')!r}, the manifest says {step}")
+    if not isinstance(state, dict) or state.get("step") != step:
+        got = state.get("step") if isinstance(state, dict) else state
+        raise CheckpointError(f"{folder / STATE_FILE}: step {got!r}, the manifest says {step}")
+    _check_state_shape(folder / STATE_FILE, state)
     return state
+
+
+def _check_manifest_shape(path: Path, files: Any) -> None:
+    """``files`` maps relative paths inside the folder to {size: int, sha256: 64 hex digits}."""
+    if not isinstance(files, dict):
+        raise CheckpointError(f"{path}: 'files' must be a mapping of file names, got {type(files).__name__}")
+    for name, entry in files.items():
+        parts = Path(str(name)).parts
+        if not name or Path(str(name)).is_absolute() or ".." in parts:
+            raise CheckpointError(f"{path}: file name {str(name)[:80]!r} points outside the checkpoint folder")
+        if (not isinstance(entry, dict) or not isinstance(entry.get("size"), int) or isinstance(entry.get("size"), bool)
+                or not isinstance(entry.get("sha256"), str) or not re.fullmatch(r"[0-9a-f]{64}", entry["sha256"])):
+            raise CheckpointError(f"{path}: the entry of {str(name)[:80]!r} must be {{size: int, sha256: 64 hex digits}}")
+
+
+def _check_state_shape(path: Path, state: dict[str, Any]) -> None:
+    """The pipeline state's values have the types a resume reads (a consistent edit cannot smuggle others in)."""
+    kinds = {"step": int, "version": int, "seed": int, "kl_coef": (int, float), "running": dict}
+    for key, kind in kinds.items():
+        value = state.get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise CheckpointError(f"{path}: {key} must be {getattr(kind, '__name__', 'a number')}, got {value!r}"[:300])
 
 
 def complete_checkpoints(output_dir: str) -> list[Path]:

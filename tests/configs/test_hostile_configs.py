@@ -4,11 +4,22 @@ of the wrong kind, templates that would blow up when rendered, YAML bombs and de
 
 import time
 
+import gymnasium as gym
 import pytest
 
 from roll.cli import main
 
 HUGE = str(10**89)
+
+
+class HangingResetEnv(gym.Env):
+    """An env whose reset never returns (the start-up env check must not wait for it)."""
+
+    def __init__(self, **_config):
+        self.observation_space = self.action_space = gym.spaces.Discrete(1)
+
+    def reset(self, *, seed=None, options=None):
+        time.sleep(3600)
 
 # (override, the key the line must name)
 NUMBERS = [
@@ -76,7 +87,15 @@ SHAPES = [
     ("custom_env.SimpleSokoban.agent_template='{observation[0]}'", "custom_envs.SimpleSokoban.agent_template"),
 ]
 
-OVERRIDES = NUMBERS + KINDS + SHAPES
+MEANINGS = [
+    ("reward_normalization.grouping=traj_grup_id", "reward_normalization.grouping"),
+    ("actor_train.model_args.attn_implementation=flash", "actor_train.model_args.attn_implementation"),
+    ("actor_infer.generating_args.stop_strings=['']", "actor_infer.generating_args.stop_strings"),
+    ("custom_env.SimpleSokoban.env_config.search_depth=1e12", "custom_envs.SimpleSokoban.env_config"),
+    ("sokoban_blocked_move_penalty=nan", "custom_envs.SimpleSokoban.env_config"),
+]
+
+OVERRIDES = NUMBERS + KINDS + SHAPES + MEANINGS
 
 
 @pytest.mark.parametrize("override, key", OVERRIDES, ids=[o[0][:50] for o in OVERRIDES])
@@ -109,6 +128,10 @@ FILES = {
     "popen_entry_point": ("defaults:\n  - agentic_sokoban\n  - _self_\ncustom_envs:\n  SimpleSokoban:\n"
                           "    env_type: my_env\n    entry_point: subprocess:Popen\n    max_tokens_per_step: 8\n"
                           "    env_config: {args: [touch, PWNED]}\n", "custom_envs.SimpleSokoban"),
+    "hung_reset": ("defaults:\n  - agentic_sokoban\n  - _self_\ntrain_env_manager:\n  env_step_timeout: 1\n"
+                   "val_env_manager:\n  env_step_timeout: 1\ncustom_env:\n  SimpleSokoban:\n    env_type: hanging_reset\n"
+                   "    entry_point: tests.configs.test_hostile_configs:HangingResetEnv\n",
+                   "custom_envs.SimpleSokoban.env_config: env.reset did not return within env_step_timeout=1 s"),
     "bad_section": ("defaults:\n  - agentic_sokoban\n  - _self_\nactor_train: [1, 2]\n", "bad_section: In 'bad_section'"),
 }
 

@@ -1,6 +1,7 @@
 """Envs never raise on model output and stay fast on huge responses (issue 14, findings 3 and 4)."""
 
 import json
+import re
 import time
 
 import pytest
@@ -8,7 +9,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from envs.frozen_lake import FrozenLakeEnv
-from envs.parsing import MAX_RESPONSE_CHARS, json_depth
+from envs.parsing import (
+    DEFAULT_ACTION_PATTERN,
+    MAX_RESPONSE_CHARS,
+    THINK_ACTION_PATTERN,
+    _think_answer,
+    json_depth,
+)
 from envs.sokoban.env import SokobanEnv
 from envs.tools.countdown import CountdownEnv
 from envs.tools.sokoban_tool import SokobanToolEnv
@@ -80,3 +87,29 @@ def test_json_depth_ignores_brackets_inside_strings():
     assert json_depth('{"a": "[[[[", "b": [1, {"c": 2}]}') == 3
     assert json_depth('"\\"[["') == 0
     assert MAX_RESPONSE_CHARS >= 4096
+
+
+THINK_UNITS = ["<think></think><answer>", "<think>", "</think> <answer>", "<think></think>\n\n", "</answer><think>"]
+
+
+@pytest.mark.parametrize("name", ["sokoban", "frozen_lake"])
+@pytest.mark.parametrize("pattern", [DEFAULT_ACTION_PATTERN, THINK_ACTION_PATTERN], ids=["answer", "think"])
+@pytest.mark.parametrize("unit", THINK_UNITS + ["<answer>"])
+def test_every_shipped_answer_format_parses_a_megabyte_in_under_50_ms(name, pattern, unit):
+    env = ENVS[name](action_pattern=pattern)
+    env.reset(seed=1)
+    response = unit * (1_000_000 // len(unit))
+    env.step(response)  # warm-up
+    env.reset(seed=1)
+    start = time.perf_counter()
+    env.step(response)
+    assert time.perf_counter() - start < 0.05
+
+
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(["<think>", "</think>", "<answer>", "</answer>", " ", "\n", "up", "<", "think>"]),
+                max_size=14))
+def test_the_linear_think_parser_captures_what_the_regex_captures(parts):
+    text = "".join(parts)
+    match = re.search(THINK_ACTION_PATTERN, text, flags=re.DOTALL)
+    assert _think_answer(text) == (match.group(2) if match else None)

@@ -107,3 +107,61 @@ def test_a_state_file_that_disagrees_with_its_manifest_is_refused(tmp_path):
     write_manifest(ckpt, 2)  # a manifest rewritten over the edited state: the step still disagrees
     with pytest.raises(CheckpointError, match="step 5, the manifest says 2"):
         resolve_resume(True, out)
+
+
+def _manifest(c, edit):
+    path = c / "manifest.json"
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+def _consistent_state(c, edit):
+    """Edit pipeline_state.json and rewrite the manifest over it, as a careful tamperer would."""
+    from roll.utils.checkpoint import write_manifest
+
+    path = c / "pipeline_state.json"
+    state = json.loads(path.read_text())
+    edit(state)
+    path.write_text(json.dumps(state))
+    write_manifest(c, 1)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda c: _manifest(c, lambda m: m.update(files=list(m["files"]))), "'files' must be a mapping"),
+    (lambda c: _manifest(c, lambda m: m["files"].update({"pipeline_state.json": "abc"})), "must be {size: int"),
+    (lambda c: _manifest(c, lambda m: m["files"].update({"../outside": {"size": 1, "sha256": "0" * 64}})),
+     "points outside the checkpoint folder"),
+    (lambda c: _manifest(c, lambda m: m["files"]["pipeline_state.json"].update(size="12")), "must be {size: int"),
+    (lambda c: _consistent_state(c, lambda s: s.update(kl_coef="abc")), "kl_coef must be a number"),
+    (lambda c: _consistent_state(c, lambda s: s.update(running=[1, 2])), "running must be dict"),
+])
+def test_a_manifest_of_the_wrong_shape_or_a_consistently_edited_state_is_one_line(tmp_path, capsys, damage, message):
+    from roll.cli import main
+
+    out = tmp_path / "run"
+    save_checkpoint(str(out), 1, parts_ok, {"kl_coef": 0.1})
+    damage(out / "checkpoints" / "step_000001")
+    assert main(["--config_name", "agentic_sokoban", "--dry_run", f"output_dir={out}", "resume_from_checkpoint=true"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("config error: resume_from_checkpoint") and message in err and "\n" not in err, err
+
+
+@pytest.mark.parametrize("fault", [KeyboardInterrupt, lambda: OSError(28, "No space left on device")])
+def test_a_checkpoint_write_that_fails_midway_leaves_nothing_half_written(tmp_path, fault):
+    from roll.utils.checkpoint import complete_checkpoints, sweep_partial
+
+    out = str(tmp_path)
+    save_checkpoint(out, 0, parts_ok, {})
+
+    def parts_then_fault(folder):
+        parts_ok(folder)
+        raise fault()
+
+    with pytest.raises((KeyboardInterrupt, OSError)):
+        save_checkpoint(out, 1, parts_then_fault, {})
+    root = tmp_path / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["step_000000"]  # no step_000001.partial
+    assert [p.name for p in complete_checkpoints(out)] == ["step_000000"]
+    (root / "step_000002.partial").mkdir()  # what a SIGKILL mid-write leaves: swept at the next start
+    assert [p.name for p in sweep_partial(out)] == ["step_000002.partial"] and not (root / "step_000002.partial").exists()
