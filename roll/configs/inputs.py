@@ -287,12 +287,11 @@ def _check_writable(path: str, folder: str) -> None:
     probe_dir = next((p for p in [target, *target.parents] if p.exists()), Path("."))
     if not probe_dir.is_dir() or not os.access(probe_dir, os.W_OK | os.X_OK):
         raise ConfigError(path, f"{folder!r} cannot be written ({probe_dir} is not a writable folder)")
-    if probe_dir == target:
-        try:
-            with tempfile.NamedTemporaryFile(dir=target, prefix=".roll-write-check-"):
-                pass
-        except OSError as e:
-            raise ConfigError(path, f"{folder!r} cannot be written ({e.strerror})") from None
+    try:  # the nearest existing folder takes a file (root passes os.access even on /proc)
+        with tempfile.NamedTemporaryFile(dir=probe_dir, prefix=".roll-write-check-"):
+            pass
+    except OSError as e:
+        raise ConfigError(path, f"{folder!r} cannot be written ({probe_dir}: {e.strerror})") from None
 
 
 def _check_resume(value: Any, output_dir: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from roll.configs import schema
-from roll.configs.build import BuildReport, build_config
+from roll.configs.build import ALIASES, BuildReport, build_config
 from roll.configs.derive import finalize
 from roll.configs.effects import inert_settings
 from roll.configs.errors import ConfigError, nearest
@@ -269,6 +269,7 @@ def _schema_node(parts: Sequence[str]) -> Any:
         if not dataclasses.is_dataclass(node):
             return None
         hints = typing.get_type_hints(node)
+        part = ALIASES.get(node, {}).get(part, part)  # ROLL's other spellings (history_length, env_groups)
         if part not in hints:
             return None
         node, free_name_next = _unwrap(hints[part])

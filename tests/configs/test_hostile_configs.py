@@ -93,6 +93,7 @@ MEANINGS = [
     ("actor_infer.generating_args.stop_strings=['']", "actor_infer.generating_args.stop_strings"),
     ("custom_env.SimpleSokoban.env_config.search_depth=1e12", "custom_envs.SimpleSokoban.env_config"),
     ("sokoban_blocked_move_penalty=nan", "custom_envs.SimpleSokoban.env_config"),
+    ("output_dir=/proc/roll_out", "output_dir"),
 ]
 
 OVERRIDES = NUMBERS + KINDS + SHAPES + MEANINGS
@@ -122,6 +123,7 @@ FILES = {
     "scalar": ("just a string\n", "scalar.yaml:1:1: YAML: the top level must be a mapping"),
     "a_list": ("- 1\n- 2\n", "a_list.yaml:1:1: YAML: the top level must be a mapping"),
     "big_string": ("exp_name: '" + "x" * (10 << 20) + "'\n", "big_string.yaml:1:1: YAML: the file has"),
+    "many_small_keys": ("".join(f"k{i}: {i}\n" for i in range(30_000)), "many_small_keys.yaml:1:1: YAML: holds more"),
     "many_keys": ("".join(f"key_{i}: {i}\n" for i in range(120_000)), "many_keys.yaml:1:1: YAML: the file has"),
     "nan_seed": ("defaults:\n  - agentic_sokoban\n  - _self_\nseed: .nan\n", "config error: seed: "),
     "huge_int": (f"defaults:\n  - agentic_sokoban\n  - _self_\nrollout_batch_size: {HUGE}\n", "rollout_batch_size"),

@@ -47,9 +47,8 @@ def test_ctrl_c_mid_step_is_one_line_exit_130_and_a_resume_continues_exactly(tin
     finally:
         proc.kill()
         stop_ray()
-    lines = [line for line in err.splitlines() if line.strip()]
     assert proc.returncode == 130, err[-3000:]
-    assert lines[-1].startswith("interrupted: stopped at Ctrl-C"), err[-3000:]
+    assert len([line for line in err.splitlines() if line.startswith("interrupted: stopped at Ctrl-C")]) == 1, err[-3000:]
     assert "Traceback (most recent call last)" not in err, err[-3000:]
     assert not list((out / "checkpoints").glob("*.partial"))
     latest = int(complete_checkpoints(str(out))[-1].name.split("_")[1])
@@ -72,7 +71,9 @@ def test_weights_edited_consistently_with_the_manifest_stop_the_resume_in_one_li
                            *overrides, "max_steps=2", "resume_from_checkpoint=true"], cwd=REPO, capture_output=True,
                           text=True, timeout=600)
     stop_ray()
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    # (Ray may still relay a worker's progress bar after the line: the line is found, not assumed last)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("checkpoint error: ")]
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert lines[-1].startswith(f"checkpoint error: {ckpt / 'actor_train'}: cannot be loaded: "), proc.stderr[-3000:]
+    assert len(errors) == 1 and errors[0].startswith(f"checkpoint error: {ckpt / 'actor_train'}: cannot be loaded: ")
+    assert "Traceback (most recent call last)" not in proc.stderr
     assert json.loads((ckpt / "pipeline_state.json").read_text())["step"] == 0  # the checkpoint was left as it was
