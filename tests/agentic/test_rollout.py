@@ -2,6 +2,7 @@
 rows, tool episodes, env faults, custom env managers."""
 
 import dataclasses
+import re
 import time
 
 import pytest
@@ -420,3 +421,31 @@ def test_a_group_filter_that_does_not_import_stops_at_load(tmp_path):
     cfg = config("++train_env_manager.group_filter_cls=no.such.Filter", f"output_dir={tmp_path}")
     with pytest.raises(ConfigError, match="train_env_manager.group_filter_cls"):
         check_inputs(cfg)
+
+
+def test_a_failure_outside_the_env_stops_the_collection_in_one_line_naming_where(tok):
+    """Issue 29: a generation (engine) failure is not the env's: it is not retried and hidden among env errors,
+    it stops the collection naming the manager, env, seed, turn and phase."""
+    from roll.agentic.env_managers.base import EpisodeCrash
+
+    def broken_engine(rank, prompts, params):
+        raise RuntimeError("CUDA error: an illegal memory access\nsecond line of engine noise")
+
+    r, _ = rollout(config(), tok, broken_engine)
+    with pytest.raises(EpisodeCrash) as e:
+        r.collect(8, step=0)
+    message = str(e.value)
+    assert re.fullmatch(r"TrajEnvManager, env \d+ \(SimpleSokoban, seed \d+\), during turn 1, generate: "
+                        r"RuntimeError: CUDA error: an illegal memory access", message), message
+
+
+def test_an_env_that_raises_is_still_an_env_error_and_the_default_share_stops_a_step_losing_most(tok):
+    from roll.agentic.rollout import RolloutFailure
+
+    cfg = config("custom_env.SimpleSokoban.env_type=faulty", "+custom_env.SimpleSokoban.env_config.inner=sokoban",
+                 "+custom_env.SimpleSokoban.env_config.raise_rate=1.0")
+    assert cfg.train_env_manager.min_healthy_share == 0.5
+    r, _ = rollout(cfg, tok, ScriptedPolicy(tok, ANSWERS))
+    with pytest.raises(RolloutFailure, match=r"0 of 8 episodes survived \(min_healthy_share 0.5\); first error: "
+                                             r"SimpleSokoban .*InjectedFault: injected env failure"):
+        r.collect(8, step=0)
