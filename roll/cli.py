@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None, *, search_roots: Sequence[Path] = ()
         return 0
     from roll.agentic.env_managers.base import EpisodeCrash
     from roll.agentic.rollout import RolloutFailure
-    from roll.distributed.cluster import RpcTimeoutError, WorkerDiedError
+    from roll.distributed.cluster import RpcTimeoutError, WorkerDiedError, last_line
     from roll.distributed.launch import LaunchError
     from roll.utils.checkpoint import CheckpointError
 
@@ -76,8 +76,9 @@ def main(argv: Sequence[str] | None = None, *, search_roots: Sequence[Path] = ()
         print(f"interrupted: stopped at Ctrl-C; complete checkpoints stay in {loaded.config.output_dir}/checkpoints",
               file=sys.stderr)
         return EXIT_INTERRUPTED
-    except OSError as e:  # a full disk, a folder that became unwritable
-        print(f"system error: {type(e).__name__}: {e}", file=sys.stderr)
+    except OSError as e:  # a full disk, a folder that became unwritable (here or in a worker)
+        text = last_line(e)
+        print(f"system error: {text if ':' in text else f'{type(e).__name__}: {text}'}", file=sys.stderr)
         return 1
     except ConfigError as e:  # found at start-up, before any worker ran (e.g. a GPU backend without a GPU)
         print(f"config error: {e}", file=sys.stderr)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from roll.utils.checkpoint import complete_checkpoints, write_manifest
+from roll.utils.checkpoint import complete_checkpoints, verify_checkpoint, write_manifest
 
 from ..configs.conftest import REPO
 from .learning import digits_overrides
@@ -77,3 +77,48 @@ def test_weights_edited_consistently_with_the_manifest_stop_the_resume_in_one_li
     assert len(errors) == 1 and errors[0].startswith(f"checkpoint error: {ckpt / 'actor_train'}: cannot be loaded: ")
     assert "Traceback (most recent call last)" not in proc.stderr
     assert json.loads((ckpt / "pipeline_state.json").read_text())["step"] == 0  # the checkpoint was left as it was
+
+
+def test_ctrl_c_while_a_checkpoint_is_written_leaves_no_partial_folder(tiny_model_path, tmp_path):
+    """SIGINT the moment a checkpoint folder appears (.partial): the write is abandoned and its folder removed;
+    the complete checkpoints before it still verify."""
+    out = tmp_path / "out"
+    proc = start(digits_overrides(tiny_model_path, tmp_path, 4, 1e-2, *COMMON))
+    root = out / "checkpoints"
+    deadline = time.time() + 600
+    try:
+        while time.time() < deadline and proc.poll() is None and not list(root.glob("*.partial")):
+            time.sleep(0.002)
+        caught = bool(list(root.glob("*.partial")))
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+        stop_ray()
+    assert caught, "no checkpoint was being written"
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback (most recent call last)" not in err, err[-3000:]
+    assert not list(root.glob("*.partial"))
+    for ckpt in complete_checkpoints(str(out)):
+        verify_checkpoint(ckpt)
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_partial_folder(tiny_model_path, tmp_path):
+    """output_dir on a 1 MiB tmpfs: the first checkpoint does not fit."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    try:
+        overrides = digits_overrides(tiny_model_path, tmp_path, 2, 1e-2, *COMMON, f"output_dir={disk}/out",
+                                     f"logging_dir={tmp_path}/logs", f"tracker_kwargs.log_dir={tmp_path}/tb")
+        proc = subprocess.run([sys.executable, "examples/start_agentic_pipeline.py", "--config_name", "agentic_sokoban",
+                               *overrides], cwd=REPO, capture_output=True, text=True, timeout=600)
+        stop_ray()
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("system error: ")]
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        assert len(errors) == 1 and "No space left on device" in errors[0], proc.stderr[-3000:]
+        assert "Traceback (most recent call last)" not in proc.stderr
+        assert not list((disk / "out" / "checkpoints").glob("*.partial"))
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
