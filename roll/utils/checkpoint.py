@@ -27,6 +27,10 @@ class CheckpointError(ValueError):
     """A checkpoint folder that is incomplete, corrupted or not what its name says."""
 
 
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (a full disk, a role that failed to save); nothing of it was left."""
+
+
 _NAME = re.compile(r"^step_(\d+)$")
 
 
@@ -49,7 +53,13 @@ def save_checkpoint(output_dir: str, step: int, write_parts: Callable[[Path], No
         tmp_state.write_text(json.dumps({"step": step, **state}, indent=1))
         os.replace(tmp_state, partial / STATE_FILE)
         write_manifest(partial, step)
-    except BaseException:  # a full disk, Ctrl-C, a failing role: nothing half-written stays behind
+    except Exception as e:  # a full disk, a failing role: nothing half-written stays behind, and one line says why
+        free = shutil.disk_usage(partial).free
+        shutil.rmtree(partial, ignore_errors=True)
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]  # a worker's error: its last line
+        raise CheckpointWriteError(f"writing {final} failed with {free / 2**20:.1f} MiB free on its disk: "
+                                   f"{lines[-1][:300] if lines else type(e).__name__}") from e
+    except BaseException:  # Ctrl-C
         shutil.rmtree(partial, ignore_errors=True)
         raise
     if final.exists():

@@ -3,6 +3,7 @@ step, and a checkpoint edited consistently with its manifest. Each ends in one l
 status, leaves nothing half-written, and a resume afterwards continues exactly."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -115,9 +116,9 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_folder(tiny_model_path, t
         proc = subprocess.run([sys.executable, "examples/start_agentic_pipeline.py", "--config_name", "agentic_sokoban",
                                *overrides], cwd=REPO, capture_output=True, text=True, timeout=600)
         stop_ray()
-        errors = [line for line in proc.stderr.splitlines() if line.startswith("system error: ")]
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("checkpoint error: writing ")]
         assert proc.returncode == 1, proc.stderr[-3000:]
-        assert len(errors) == 1 and "No space left on device" in errors[0], proc.stderr[-3000:]
+        assert len(errors) == 1 and re.search(r"failed with 0\.\d MiB free on its disk: ", errors[0]), proc.stderr[-3000:]
         assert "Traceback (most recent call last)" not in proc.stderr
         assert not list((disk / "out" / "checkpoints").glob("*.partial"))
     finally:

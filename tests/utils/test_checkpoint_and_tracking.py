@@ -4,6 +4,7 @@ import json
 import pytest
 
 from roll.utils.checkpoint import (
+    CheckpointWriteError,
     complete_checkpoints,
     latest_checkpoint,
     read_state,
@@ -27,9 +28,9 @@ def test_save_is_atomic_and_latest_is_found(tmp_path):
         parts_ok(folder)
         raise RuntimeError("killed mid-save")
 
-    with pytest.raises(RuntimeError):
+    with pytest.raises(CheckpointWriteError, match="killed mid-save"):
         save_checkpoint(out, 2, crash, {})
-    assert [p.name for p in complete_checkpoints(out)] == ["step_000000", "step_000001"]  # the partial one is ignored
+    assert [p.name for p in complete_checkpoints(out)] == ["step_000000", "step_000001"]  # the partial one is gone
     assert latest_checkpoint(out).name == "step_000001"
     assert read_state(resolve_resume(True, out)) == {"step": 1, "kl_coef": 0.2}
     save_checkpoint(out, 3, parts_ok, {}, keep=2)
@@ -158,8 +159,12 @@ def test_a_checkpoint_write_that_fails_midway_leaves_nothing_half_written(tmp_pa
         parts_ok(folder)
         raise fault()
 
-    with pytest.raises((KeyboardInterrupt, OSError)):
+    from roll.utils.checkpoint import CheckpointWriteError
+
+    with pytest.raises((KeyboardInterrupt, CheckpointWriteError)) as e:
         save_checkpoint(out, 1, parts_then_fault, {})
+    if e.type is CheckpointWriteError:
+        assert "step_000001 failed with" in str(e.value) and "No space left on device" in str(e.value)
     root = tmp_path / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["step_000000"]  # no step_000001.partial
     assert [p.name for p in complete_checkpoints(out)] == ["step_000000"]
