@@ -32,6 +32,7 @@ import numpy as np
 
 from roll.agentic.advantage import compute_batch_advantages
 from roll.agentic.async_rollouts import RolloutsAhead, RolloutsNow, bound_staleness
+from roll.agentic.baselines import baseline_metrics
 from roll.agentic.batch_adjust import adjust_batch
 from roll.agentic.conversation import ChatTemplate
 from roll.agentic.env_managers.base import EpisodeLimits
@@ -260,6 +261,8 @@ class AgenticPipeline:
         val_factory = factory_for(cfg.val_env_manager, episode_length(cfg, "val"))
         self.val_rollout = (make_rollout(cfg, "val", self.template, val_factory, take_stats, render=False)
                             if validation else None)
+        # random moves and the env's solver on exactly the validation episodes (fixed seeds): logged once
+        self.baselines = baseline_metrics(self.val_rollout.requests(0), seed=cfg.seed) if validation else {}
 
     def _resume(self) -> None:
         # preflight already checked this checkpoint against its manifest; hashing it again is not needed
@@ -396,8 +399,8 @@ class AgenticPipeline:
 
     def _end_step(self, step: int, metrics: dict[str, float], trajectories: list[Any], bar: Any) -> dict[str, float]:
         """Log the step (every logging_steps, and the last one) and move the progress bar."""
-        if step == self.start_step:
-            metrics.update(self.placement_metrics)  # where each role runs: logged once
+        if step == self.start_step:  # logged once: where each role runs, the baselines of validation
+            metrics.update({**self.placement_metrics, **self.baselines})
         if step % self.cfg.logging_steps == 0 or step + 1 == self.cfg.max_steps:
             self.tracker.log(metrics, step)
             self._log_episode(trajectories, step)

@@ -33,6 +33,7 @@ from roll.agentic.env_managers.base import (
 )
 from roll.agentic.env_monitor import ActiveEpisode, ActivityMonitor
 from roll.agentic.render import write_trajectory
+from roll.algorithms.intervals import wilson_interval
 from roll.configs.shipped import TRAJ_MANAGER, roll_class
 from roll.distributed.batch import Batch
 from roll.strategies.base import SamplingParams
@@ -389,7 +390,10 @@ class RolloutScheduler:
                 out[f"{p}/{tag}/{k}"] = float(np.mean([t.metrics.get(k, 0.0) for t in ts]))
         if trajectories:
             out[f"{p}/score"] = float(np.mean([t.score for t in trajectories]))
-            out[f"{p}/success"] = float(np.mean([t.metrics.get("success", 0.0) for t in trajectories]))
+            wins = float(sum(t.metrics.get("success", 0.0) for t in trajectories))
+            out[f"{p}/success"] = wins / len(trajectories)
+            # 95% Wilson interval: whether two evals differ, or a run beats a baseline, is read off these
+            out[f"{p}/success_ci_low"], out[f"{p}/success_ci_high"] = wilson_interval(wins, len(trajectories))
             lat = [x for t in trajectories for x in t.turn_latencies]
             if lat:
                 out[f"{p}/turn_latency_p50_s"] = float(np.percentile(lat, 50))

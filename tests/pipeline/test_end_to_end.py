@@ -32,6 +32,11 @@ def test_two_steps_with_gae_critic_reference_eval_and_checkpoints(tiny_model_pat
                 "time/reference", "time/values", "actor/grad_norm", "actor/lr", "tokens/train_per_s"):
         assert tag in scalars and len(scalars[tag]) >= 1, tag
     assert len(scalars["rollout/score"]) == 2
+    # validation's interval at every eval; the baselines and where each role ran, once (issue 30, issue 28)
+    assert len(scalars["val/success_ci_low"]) == len(scalars["val/success_ci_high"]) == len(scalars["val/score"])
+    for tag in ("val/baseline_random_success", "val/baseline_solver_success", "placement/actor_train_node"):
+        assert len(scalars[tag]) == 1, tag
+    assert scalars["val/baseline_solver_success"] == [1.0]
     assert [p.name for p in complete_checkpoints(cfg.output_dir)] == ["step_000000", "step_000001"]
     assert any((tmp_path / "out" / "render").rglob("*.txt"))
 
