@@ -16,7 +16,7 @@ from roll.agentic.env_managers.trajectory import TrajEnvManager
 class HintEnvManager(TrajEnvManager):
     def format_observation(self, slot, observation, turn_idx, actions_left):
         text = super().format_observation(slot, observation, turn_idx, actions_left)
-        return f"{text}\nHint: push boxes, never pull them."
+        return f"{text}\nHint: use what the last reply told you."
 
     def run_episode(self, request):
         trajectory = super().run_episode(request)
