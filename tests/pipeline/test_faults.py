@@ -22,9 +22,11 @@ COMMON = ("deterministic=true", "seed=3", "save_steps=1")
 
 
 def start(overrides):
+    # An ignored SIGINT is inherited across exec, and something earlier in a test session (Ray) may have left it
+    # ignored in this process: the run must get Ctrl-C as a terminal gives it.
     return subprocess.Popen([sys.executable, "examples/start_agentic_pipeline.py", "--config_name", "agentic_sokoban",
                              *overrides], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def stop_ray():
@@ -80,11 +82,15 @@ def test_weights_edited_consistently_with_the_manifest_stop_the_resume_in_one_li
     assert json.loads((ckpt / "pipeline_state.json").read_text())["step"] == 0  # the checkpoint was left as it was
 
 
-def test_ctrl_c_while_a_checkpoint_is_written_leaves_no_partial_folder(tiny_model_path, tmp_path):
+def test_ctrl_c_while_a_checkpoint_is_written_leaves_no_partial_folder(tmp_path):
     """SIGINT the moment a checkpoint folder appears (.partial): the write is abandoned and its folder removed;
-    the complete checkpoints before it still verify."""
+    the complete checkpoints before it still verify. The model is wider than the tiny one (25M parameters)
+    so that writing a checkpoint takes long enough to be caught in the middle."""
+    from roll.models.tiny import build_tiny_model
+
+    wide = build_tiny_model(tmp_path / "wide", hidden_size=512, num_layers=8, num_heads=8)
     out = tmp_path / "out"
-    proc = start(digits_overrides(tiny_model_path, tmp_path, 4, 1e-2, *COMMON))
+    proc = start(digits_overrides(str(wide), tmp_path, 3, 1e-2, *COMMON))
     root = out / "checkpoints"
     deadline = time.time() + 600
     try:
