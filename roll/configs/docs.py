@@ -84,6 +84,9 @@ def render_markdown() -> str:
             help_text = f.metadata.get("help", "")
             if f.name in aliases:
                 help_text += f" Alias: `{aliases[f.name]}`."
+            domain = f.metadata.get("domain")
+            if domain is not None:
+                help_text += f" Accepts {domain.describe()}."
             inert = f.metadata.get("inert")
             status = f"no effect: {inert}" if inert else "wired"
             out.append(

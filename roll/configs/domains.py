@@ -31,7 +31,7 @@ def check_numbers(obj: Any, prefix: str = "") -> None:
         domain = f.metadata.get("domain")
         if dataclasses.is_dataclass(value):
             check_numbers(value, f"{path}.")
-        elif isinstance(value, dict) and f.name == "custom_envs":
+        elif isinstance(value, dict):  # named sections (custom_envs); free-form mappings hold no dataclasses
             for tag, entry in value.items():
                 if dataclasses.is_dataclass(entry):
                     check_numbers(entry, f"{path}.{tag}.")

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from roll.configs.errors import ConfigError
+from roll.distributed.resources import DEVICE_RESOURCE, RANK_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -116,14 +117,14 @@ def wait_for_head(env: LaunchEnv, timeout: float) -> None:
 def ray_start_command(env: LaunchEnv, num_gpus_per_node: int, use_gpu: bool, head: bool) -> list[str]:
     """``ray start --block`` for this node: its rank as a label, device slots on a CPU machine."""
     ray = shutil.which("ray", path=os.path.dirname(sys.executable)) or shutil.which("ray") or "ray"
-    cmd = [ray, "start", "--block", "--disable-usage-stats", f"--labels=roll-node-rank={env.rank}"]
+    cmd = [ray, "start", "--block", "--disable-usage-stats", f"--labels={RANK_LABEL}={env.rank}"]
     if head:
         cmd += ["--head", f"--port={env.master_port}", f"--node-ip-address={env.master_addr}",
                 "--include-dashboard=false"]
     else:
         cmd += [f"--address={env.address}"]
     if not use_gpu:
-        cmd += ["--resources=" + json.dumps({"roll_device": num_gpus_per_node})]
+        cmd += ["--resources=" + json.dumps({DEVICE_RESOURCE: num_gpus_per_node})]
     store_mb = os.environ.get("ROLL_OBJECT_STORE_MB")
     if store_mb:
         cmd += [f"--object-store-memory={int(store_mb) << 20}"]
@@ -154,7 +155,7 @@ def _wait_nodes(env: LaunchEnv, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         alive = [n for n in ray.nodes() if n.get("Alive")]
-        ranks = sorted({int(r) for n in alive if str(r := (n.get("Labels") or {}).get("roll-node-rank", "")).isdigit()})
+        ranks = sorted({int(r) for n in alive if str(r := (n.get("Labels") or {}).get(RANK_LABEL, "")).isdigit()})
         if len(alive) >= env.world_size:
             log.info("all %d nodes joined the Ray cluster at %s", env.world_size, env.address)
             return

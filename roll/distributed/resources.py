@@ -190,9 +190,6 @@ class ResourceManager:
             raise ValueError(f"devices {devices} of one worker span nodes (num_gpus_per_node={self.num_gpus_per_node})")
         return Placement(self.index[devices[0]], [d % self.num_gpus_per_node for d in devices], node)
 
-    def node_of(self, devices: list[int]) -> Node:
-        return self.nodes[self.placement(devices).node]
-
     def actor_options(self, devices: list[int], env_vars: dict[str, str]) -> dict[str, Any]:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 

@@ -55,10 +55,13 @@ def _import(path: str, where: str) -> Any:
         target = getattr(module, attr)
     except AttributeError:
         raise ConfigError(where, f"{module_name!r} has no {attr!r}") from None
+    from envs.registration import check_kind
     from roll.strategies.base import InferenceStrategy, TrainStrategy
 
-    if not (isinstance(target, type) and issubclass(target, (InferenceStrategy, TrainStrategy))):
-        raise ConfigError(where, f"{path!r} is not a strategy class (a subclass of InferenceStrategy or TrainStrategy)")
+    try:
+        check_kind(path, target, (InferenceStrategy, TrainStrategy))  # the rule every class path a config names follows
+    except ValueError as e:
+        raise ConfigError(where, str(e)) from None
     return target
 
 

@@ -51,9 +51,6 @@ class EnvFault(Exception):
     """The env's own code failed (its constructor, reset, step, demonstrations) or ran past a limit: the episode is
     dropped, counted in env_errors and retried on a fresh env. Anything else an episode raises is not the env's."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-
 
 class EnvTimeout(EnvFault, TimeoutError):
     """An env call or an episode that ran past its limit."""
@@ -237,8 +234,7 @@ class TrajEnvManager:
                     trajectories.append(self.run_episode(request))
                     break
                 except EnvFault as e:  # the env's own failure drops this episode only
-                    message = str(e) if isinstance(e, EnvTimeout) or ": " in str(e) else f"{type(e).__name__}: {e}"
-                    errors.append(EnvError(request, message))
+                    errors.append(EnvError(request, str(e)))  # _env_fault already named the env's exception
                     log.warning("env %s (%s, seed %s) %s: %s; re-creating it", request.slot.env_id, request.slot.tag,
                                 request.seed, "hung" if isinstance(e, EnvTimeout) else "raised", e)
                     self._envs.pop(request.slot.env_id, None)
