@@ -37,8 +37,8 @@ def config_to_yaml(config: object) -> str:
 def main(argv: Sequence[str] | None = None, *, search_roots: Sequence[Path] = (), rollout_only: bool = False) -> int:
     """Load, check and print a config, then train on it (``rollout_only``: play its envs, train nothing)."""
     args = parse_args(sys.argv[1:] if argv is None else argv, rollout_only)
-    from roll.configs.inputs import check_inputs
     from roll.configs.loading import load_config
+    from roll.preflight import check_inputs
 
     try:
         loaded = load_config(args.config_name, args.config_path, args.overrides, search_roots=search_roots,

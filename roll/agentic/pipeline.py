@@ -56,10 +56,10 @@ from roll.configs.derive import (
     reference_from_actor,
     train_batch_size,
 )
-from roll.configs.inputs import check_inputs
 from roll.configs.schema import PipelineConfig
 from roll.distributed.batch import Batch
 from roll.distributed.cluster import RpcTimeoutError, WorkerDiedError, last_line
+from roll.preflight import check_inputs
 from roll.utils.checkpoint import CheckpointError, read_state, resolve_resume, save_checkpoint, sweep_partial
 from roll.utils.tracking import make_tracker
 

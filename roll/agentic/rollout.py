@@ -45,9 +45,9 @@ DEFAULT_MANAGER = TRAJ_MANAGER
 
 def import_path(path: str, kind: str) -> Any:
     """The class at ``path`` (ROLL's path of a class we implement maps to ours), derived from the base of its
-    ``kind`` (``roll.configs.inputs.class_bases``)."""
+    ``kind`` (``roll.preflight.class_bases``)."""
     from envs.registration import load_entry_point
-    from roll.configs.inputs import class_bases
+    from roll.preflight import class_bases
 
     return load_entry_point(roll_class(path), class_bases(kind))
 

@@ -85,7 +85,7 @@ def _check_lora(cfg: schema.PipelineConfig) -> None:
     if strategy not in ("deepspeed_train", "megatron_train"):
         raise ConfigError(key, f"LoRA and freezing are built for deepspeed_train and megatron_train, not {strategy}")
     if strategy == "megatron_train" and ma.lora_target:
-        from roll.models.megatron_lora import megatron_targets
+        from roll.configs.megatron_targets import megatron_targets
 
         try:
             megatron_targets(ma.lora_target)

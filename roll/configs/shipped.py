@@ -32,6 +32,22 @@ ROLL_CLASSES: dict[str, str] = {
     "roll.pipeline.agentic.environment_worker.EnvironmentWorker": "roll.agentic.rollout.EnvManagerHost",
     "roll.pipeline.agentic.agentic_pipeline.GroupFilter": "roll.agentic.group_filters.GroupFilter",
 }
+# Our own classes a config may name, with the kind each is (preflight.class_bases): the preflight accepts these
+# without importing them, so that --dry_run of a shipped config needs neither torch nor Ray
+# (tests/configs/test_shipped_classes.py imports each and checks its kind).
+SHIPPED_CLASSES: dict[str, str] = {
+    ACTOR_WORKER: "worker",
+    "roll.workers.actor_infer.ActorInferWorker": "worker",
+    "roll.workers.critic.CriticWorker": "worker",
+    "roll.workers.reference.ReferenceWorker": "worker",
+    "roll.agentic.rollout.EnvManagerHost": "env_manager_worker",
+    TRAJ_MANAGER: "env_manager",
+    STEP_MANAGER: "env_manager",
+    STEP_CONCAT_MANAGER: "env_manager",
+    "roll.agentic.env_managers.base.TrajEnvManager": "env_manager",
+    "roll.agentic.group_filters.GroupFilter": "group_filter",
+    "roll.agentic.group_filters.DropUniformRewards": "group_filter",
+}
 ROLL_PG_WORKER = "roll.pipeline.agentic.agentic_actor_pg_worker.ActorWorker"
 # ROLL's actor workers that do not read pg_variant (their loss is the PPO of the top-level keys)
 ROLL_PLAIN_ACTORS = ("roll.pipeline.agentic.agentic_actor_worker.ActorWorker", "roll.pipeline.base_worker.ActorWorker")
@@ -119,7 +135,7 @@ def _check_env_entry(path: str, entry: Mapping[str, Any]) -> None:
 
 def _check_tool_ids(path: str, tool_wrapper: Any) -> None:
     """Tools we do not ship (ROLL's mcp, ...) are named at once; the shipped ones are built and checked with the
-    env (roll.configs.inputs)."""
+    env (roll.preflight)."""
     from envs.tools.tool_wrapper import REFUSED_TOOL_IDS, TOOL_IDS
 
     if not isinstance(tool_wrapper, Mapping):

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from roll.configs.megatron_targets import megatron_targets
 from roll.configs.strategy_configs import check_megatron_model, parse_strategy_config
 from roll.distributed.batch import Batch
 from roll.models.logprobs import values_before_tokens
@@ -51,7 +52,6 @@ from roll.models.megatron_lora import (
     hf_lora_config,
     local_adapter_tensors,
     lora_to_hf,
-    megatron_targets,
     merged_local_state,
     set_adapters,
     split_halves,

@@ -416,7 +416,7 @@ def test_uniform_groups_are_dropped_up_to_the_resample_limit(tok):
 
 def test_a_group_filter_that_does_not_import_stops_at_load(tmp_path):
     from roll.configs.errors import ConfigError
-    from roll.configs.inputs import check_inputs
+    from roll.preflight import check_inputs
 
     cfg = config("++train_env_manager.group_filter_cls=no.such.Filter", f"output_dir={tmp_path}")
     with pytest.raises(ConfigError, match="train_env_manager.group_filter_cls"):

@@ -6,8 +6,8 @@ import pytest
 from envs.frozen_lake import FrozenLakeEnv
 from envs.sokoban.env import SokobanEnv
 from roll.configs.errors import ConfigError
-from roll.configs.inputs import check_inputs
 from roll.configs.loading import load_config
+from roll.preflight import check_inputs
 
 
 @pytest.mark.parametrize("env", [SokobanEnv(dim_room=(6, 6), num_boxes=1), FrozenLakeEnv()], ids=["sokoban", "frozen_lake"])

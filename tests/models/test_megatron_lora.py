@@ -4,8 +4,9 @@ fused layer's adapter to HF's per-projection adapters (pure: no megatron-core im
 import pytest
 import torch
 
+from roll.configs.megatron_targets import hf_targets, megatron_targets
 from roll.models.megatron_convert import GPTLayout, hf_to_megatron, megatron_to_hf
-from roll.models.megatron_lora import hf_targets, lora_to_hf, megatron_targets
+from roll.models.megatron_lora import lora_to_hf
 from roll.models.tiny import build_tiny_model
 
 

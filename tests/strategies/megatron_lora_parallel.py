@@ -84,8 +84,9 @@ def _worker(rank: int, port: int, path: str, layout: dict, queue) -> None:
 
 
 def main() -> None:
+    from roll.configs.megatron_targets import hf_targets
     from roll.models.megatron_convert import GPTLayout
-    from roll.models.megatron_lora import hf_targets, lora_to_hf
+    from roll.models.megatron_lora import lora_to_hf
     from roll.models.tiny import build_tiny_model
     from tests.strategies.helpers import ppo_loss_fn, with_old_logprobs
     from tests.strategies.megatron_cpu_parallel import _batch, _free_port, attended_positions, run_two_ranks

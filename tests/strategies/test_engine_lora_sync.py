@@ -208,8 +208,8 @@ def test_embedding_adapter_on_tied_embeddings_is_refused(tiny_model_path, untied
 def test_embedding_adapter_on_tied_embeddings_stops_at_load(tiny_model_path, untied_model_path, tmp_path) -> None:
     """With the model's config.json at hand the refusal comes at load, before any worker starts."""
     from roll.configs.errors import ConfigError
-    from roll.configs.inputs import check_inputs
     from roll.configs.loading import load_config
+    from roll.preflight import check_inputs
 
     def cfg(path):
         return load_config("agentic_sokoban", overrides=[f"pretrain={path}", f"output_dir={tmp_path}",

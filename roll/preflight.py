@@ -1,14 +1,17 @@
-"""Checks of what a config points at on this machine, run before anything starts (``--dry_run``
+"""Checks of what a loaded config points at on this machine, run before anything starts (``--dry_run``
 included): models exist, class paths import, every env the run uses can be built and reset with its
 ``env_config``, the output folder is writable, a resume path is a complete checkpoint.
 
 Each failure is a ConfigError naming the key. Nothing here starts Ray, loads a model or writes a file
-that stays (the writability probe removes itself).
+that stays (the writability probe removes itself). This part sits above ``roll.configs`` (which loads a config
+with neither torch nor Ray) because these checks reach the runtime parts; they import them only where a config
+names something that is not ours, so ``--dry_run`` of a shipped config stays free of torch and Ray.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -56,9 +59,11 @@ def check_inputs(cfg: schema.PipelineConfig, rollout_only: bool = False) -> None
 def _check_local_gpus(cfg: schema.PipelineConfig, rollout_only: bool) -> None:
     """On a GPU machine that starts its own Ray cluster, the devices named exist here (without a GPU, devices are
     virtual CPU slots; a joined or multi-node cluster is checked when Ray is up)."""
-    import torch
+    if not nvidia_driver() or os.environ.get("RAY_ADDRESS") or os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
+        return
+    import torch  # only where a GPU can be: torch's import is most of a dry run's time
 
-    if not torch.cuda.is_available() or os.environ.get("RAY_ADDRESS") or os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
+    if not torch.cuda.is_available():
         return
     from roll.distributed.resources import check_devices_fit
 
@@ -66,6 +71,11 @@ def _check_local_gpus(cfg: schema.PipelineConfig, rollout_only: bool) -> None:
     check_devices_fit({r: getattr(cfg, r).device_mapping for r in roles
                        if getattr(cfg, r, None) is not None and isinstance(getattr(cfg, r).device_mapping, list)},
                       cfg.num_gpus_per_node, [torch.cuda.device_count()])
+
+
+def nvidia_driver() -> bool:
+    """Whether this machine has an NVIDIA driver loaded (without it torch sees no GPU, so it need not be asked)."""
+    return Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
 
 
 def _check_model(path: str, name: str | None) -> None:
@@ -148,11 +158,15 @@ def class_bases(kind: str) -> tuple[type, ...]:
 def _check_class_path(path: str, value: str | None, kind: str) -> None:
     if not value:
         return
+    from roll.configs.shipped import SHIPPED_CLASSES, roll_class
+
+    target = roll_class(value)
+    if SHIPPED_CLASSES.get(target) == kind:  # ours, of the right kind: no need to import it (and torch) here
+        return
     from envs.registration import load_entry_point
-    from roll.configs.shipped import roll_class
 
     try:
-        load_entry_point(roll_class(value), class_bases(kind))
+        load_entry_point(target, class_bases(kind))
     except ValueError as e:
         raise ConfigError(path, str(e)) from None
 
