@@ -23,7 +23,7 @@ NO_EFFECT: dict[str, dict[str, str]] = {
         "profiler_output_dir": "no profiler output",
         "length_profiler_dir": "no profiler output",
         "report_length_and_rewards": "lengths and rewards are always logged",
-        "is_offload_states": "colocated roles always offload between phases",
+        "is_offload_states": "colocated roles on a GPU always offload between phases (docs/backends.md lists what moves)",
         "is_offload_optimizer_states_in_train_step": "optimizer offload comes from the DeepSpeed config",
         "model_update_buffer_size_mb": "weight sync uses its own bucket size",
         "model_download_type": "models load from local folders, GGUF files or the HF hub",

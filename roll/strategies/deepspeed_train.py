@@ -59,6 +59,7 @@ from roll.strategies.base import (
 )
 from roll.strategies.lr_schedule import LRSchedule
 from roll.strategies.micro_batching import budget_groups, micro_batches_of, scatter_rows, split_to
+from roll.strategies.train_state_offload import TrainStateOffload
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +151,7 @@ class DeepSpeedTrainStrategy(TrainStrategy):
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=ds_config, dist_init_required=False
         )
+        self.state_offload = TrainStateOffload(self.engine, self.device)
 
     # --- forward passes
     def _forward(self, batch: Batch, grad: bool) -> ForwardOutput:
@@ -342,14 +344,16 @@ class DeepSpeedTrainStrategy(TrainStrategy):
 
     # --- memory
     def offload(self) -> None:
+        """Weights, gradients and optimizer state to host memory (see roll.strategies.train_state_offload for
+        what moves per ZeRO stage). On a CPU there is nothing to free: nothing moves."""
         if self.device.type != "cpu":
-            self.engine.module.to("cpu")
+            self.state_offload.offload()
+            gc.collect()
             torch.cuda.empty_cache()
-        gc.collect()
 
     def reload(self) -> None:
         if self.device.type != "cpu":
-            self.engine.module.to(self.device)
+            self.state_offload.reload()
 
 
 def _numel(param: torch.nn.Parameter) -> int:
