@@ -6,15 +6,15 @@ from typing import Any
 
 import torch
 
+from roll.models.dtypes import TORCH_DTYPES
 from roll.models.logprobs import values_before_tokens
 from roll.models.resolve import ensure_hf_folder
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 ATTN = {"fa2": "flash_attention_2", "fa": "flash_attention_2"}
 
 
 def torch_dtype(name: str | None) -> torch.dtype | str:
-    return DTYPES[name] if name else "auto"
+    return TORCH_DTYPES[name] if name else "auto"
 
 
 def load_tokenizer(model_args: Any) -> Any:

@@ -91,3 +91,66 @@ class AdapterFolders:
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+class EngineAdapterSync:
+    """The LoRA half of an inference engine's weight sync, shared by the vllm and sglang strategies: whether the
+    engine applies the trainer's adapter itself (else it gets merged full weights), the adapter's config, each
+    bucket's adapter tensors gathered, and at the sync's end the new version published as a folder and swapped
+    in. An engine supplies ``_slot_for`` (the rank of its adapter slots), ``_swap_adapter`` (its own load and
+    unload calls) and may refuse an adapter in ``_check_adapter``."""
+
+    engine_name: str
+    engine_config: Any  # parsed strategy_config with lora_adapters and load_format
+    context: Any  # StrategyContext
+    engine: Any
+    adapters: AdapterFolders | None
+
+    def _slot_for(self, rank: int) -> int | None:
+        return rank
+
+    def _adapter_slot(self) -> int | None:
+        """The rank of the engine's adapter slots when it applies the trainer's adapter itself; None: merged syncs."""
+        rank = self.context.lora_rank
+        if rank is None or not self.engine_config.lora_adapters or self.engine_config.load_format == "dummy":
+            return None  # (dummy: no base weights to adapt; the merged sync fills them)
+        return self._slot_for(rank)
+
+    @property
+    def accepts_adapters(self) -> bool:
+        return self._adapter_slot() is not None
+
+    def configure_adapter(self, config: dict[str, Any]) -> None:
+        """The trainer's LoRA adapter (peft config): its tensors arrive with each sync."""
+        slot = self._adapter_slot()
+        if self.adapters is None or slot is None:
+            raise RuntimeError(f"{self.engine_name}: this engine was started without LoRA; it takes merged weights")
+        if int(config["r"]) > slot:
+            raise ValueError(f"{self.engine_name}: the trainer's LoRA rank {config['r']} exceeds the engine's slots ({slot})")
+        self.adapters.configure(config)
+
+    def _gather_adapter(self, named_tensors: list[tuple[str, torch.Tensor]]) -> bool:
+        """Keep a bucket of adapter tensors for the sync's end; False when the bucket holds full weights."""
+        if self.adapters is None or not any(is_adapter_tensor(name) for name, _ in named_tensors):
+            return False
+        self.adapters.add(named_tensors)
+        return True
+
+    def _check_adapter(self, names: list[str]) -> None:
+        """Refuse an adapter the engine cannot apply faithfully (ValueError naming the key to change)."""
+
+    def _swap_adapter(self, version: int, folder: str) -> int | None:
+        """Make the engine use the adapter in ``folder`` from now on; the version it no longer uses, if any."""
+        raise NotImplementedError
+
+    def _publish_adapter(self) -> None:
+        """The sync's adapter, now whole: written as the next version, swapped in, the replaced folder removed."""
+        if self.adapters is None or self.engine is None:
+            return
+        self._check_adapter(list(self.adapters.pending))
+        published = self.adapters.publish()
+        if published is None:
+            return
+        replaced = self._swap_adapter(*published)
+        if replaced is not None:
+            self.adapters.remove(replaced)

@@ -11,10 +11,10 @@ from typing import Any
 import torch
 
 from roll.configs.strategy_configs import MegatronConfig
+from roll.models.dtypes import TORCH_DTYPES
 from roll.models.megatron_convert import GPTLayout
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, None: torch.float32}
 
 
 def rope_theta(hf_config: Any) -> float:
@@ -66,8 +66,8 @@ def transformer_config_kwargs(hf_config: Any, mc: MegatronConfig, dtype: str | N
         persist_layer_norm=False,
         bf16=dtype == "bf16",
         fp16=dtype == "fp16",
-        params_dtype=DTYPES[dtype],
-        pipeline_dtype=DTYPES[dtype],  # activations sent between pipeline stages
+        params_dtype=TORCH_DTYPES[dtype or "fp32"],
+        pipeline_dtype=TORCH_DTYPES[dtype or "fp32"],  # activations sent between pipeline stages
         **mc.parallel_sizes(),
         # megatron-core refuses sequence parallel at TP 1, where it means nothing
         sequence_parallel=mc.sequence_parallel and mc.tensor_model_parallel_size > 1,

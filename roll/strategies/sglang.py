@@ -30,13 +30,13 @@ import torch
 
 from roll.configs.strategy_configs import SGLangConfig, parse_strategy_config
 from roll.distributed.batch import Batch
-from roll.strategies.adapter_folders import AdapterFolders, is_adapter_tensor
+from roll.models.dtypes import engine_dtype
+from roll.strategies.adapter_folders import AdapterFolders, EngineAdapterSync
 from roll.strategies.backends import check_backend, check_passthrough
 from roll.strategies.base import Generation, InferenceStrategy, NamedTensors, SamplingParams, StrategyContext
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", None: "auto"}
 
 
 def engine_kwargs(c: SGLangConfig, model_path: str, dtype: str | None, seed: int, colocated: bool,
@@ -45,7 +45,7 @@ def engine_kwargs(c: SGLangConfig, model_path: str, dtype: str | None, seed: int
     module SGLang can adapt, up to that rank (one adapter: the policy's)."""
     kw: dict[str, Any] = dict(
         model_path=model_path,
-        dtype=DTYPES[dtype],
+        dtype=engine_dtype(dtype),
         random_seed=seed,
         load_format=c.load_format,
         tp_size=c.tensor_parallel_size,
@@ -102,7 +102,9 @@ def server_arg_names(server_args: type) -> set[str]:
     return set(getattr(server_args, "__struct_fields__", ()))
 
 
-class SGLangStrategy(InferenceStrategy):
+class SGLangStrategy(EngineAdapterSync, InferenceStrategy):
+    engine_name = "sglang"
+
     def __init__(self, worker_config: Any, context: StrategyContext | None = None) -> None:
         self.config = worker_config
         self.context = context or StrategyContext(role="actor_infer")
@@ -110,22 +112,11 @@ class SGLangStrategy(InferenceStrategy):
         self.released = False
         self.per_request_seed = False
         self.lock = threading.Lock()
-        self.sconfig = parse_strategy_config("sglang", worker_config.strategy_args.strategy_config,
+        self.engine_config = parse_strategy_config("sglang", worker_config.strategy_args.strategy_config,
                                              f"{self.context.role}.strategy_args.strategy_config")
         self.adapters: AdapterFolders | None = None  # LoRA run with the adapter applied here: its synced versions
         self.lora_name: str | None = None  # the loaded adapter every request names
         self.lora_version = 0
-
-    def _lora_rank(self) -> int | None:
-        """The trainer's LoRA rank when this engine applies the adapter itself; None: merged syncs."""
-        rank = self.context.lora_rank
-        if rank is None or not self.sconfig.lora_adapters or self.sconfig.load_format == "dummy":
-            return None  # (dummy: no base weights to adapt; the merged sync fills them)
-        return rank
-
-    @property
-    def accepts_adapters(self) -> bool:
-        return self._lora_rank() is not None
 
     def initialize(self) -> None:
         check_backend("sglang", f"{self.context.role}.strategy_args.strategy_name")
@@ -138,10 +129,10 @@ class SGLangStrategy(InferenceStrategy):
         from roll.models.resolve import ensure_hf_folder
 
         margs = self.config.model_args
-        check_passthrough(self.sconfig.engine_kwargs, server_arg_names(ServerArgs),
+        check_passthrough(self.engine_config.engine_kwargs, server_arg_names(ServerArgs),
                           f"{self.context.role}.strategy_args.strategy_config")
-        rank = self._lora_rank()
-        kwargs = engine_kwargs(self.sconfig, ensure_hf_folder(margs.model_name_or_path, margs.gguf_file), margs.dtype,
+        rank = self._adapter_slot()
+        kwargs = engine_kwargs(self.engine_config, ensure_hf_folder(margs.model_name_or_path, margs.gguf_file), margs.dtype,
                                self.context.seed, self.context.colocated, self.context.max_sequence_length,
                                margs.trust_remote_code, lora_rank=rank)
         if rank is not None:
@@ -185,16 +176,9 @@ class SGLangStrategy(InferenceStrategy):
         """The generate() argument naming the policy's adapter for ``n`` requests (none before the first sync)."""
         return {} if self.lora_name is None else {"lora_path": [self.lora_name] * n}
 
-    def configure_adapter(self, config: dict[str, Any]) -> None:
-        """The trainer's LoRA adapter (peft config): its tensors arrive with each sync."""
-        if self.adapters is None:
-            raise RuntimeError("sglang: this engine was started without LoRA; it takes merged weights")
-        self.adapters.configure(config)
-
     def load_weights(self, named_tensors: NamedTensors) -> None:
         assert self.engine is not None, "initialize() first"
-        if self.adapters is not None and any(is_adapter_tensor(name) for name, _ in named_tensors):
-            self.adapters.add(named_tensors)  # loaded as a whole in finish_weight_sync
+        if self._gather_adapter(named_tensors):  # loaded as a whole in finish_weight_sync
             return
         with self.lock:
             self._resume()
@@ -203,24 +187,22 @@ class SGLangStrategy(InferenceStrategy):
 
     def finish_weight_sync(self) -> None:
         """A LoRA sync's adapter, now whole: the previous adapter unloaded, this one loaded under a new name."""
-        if self.adapters is None or self.engine is None:
-            return
-        published = self.adapters.publish()
-        if published is None:
-            return
-        version, folder = published
+        self._publish_adapter()
+
+    def _swap_adapter(self, version: int, folder: str) -> int | None:
         name = f"roll-policy-v{version}"
+        replaced = None
         with self.lock:
             self._resume()
-            if self.lora_name is not None:
+            if self.lora_name is not None:  # unloaded first: the engine holds one adapter (max_loras_per_batch 1)
                 self.engine.unload_lora_adapter(self.lora_name)
-                self.adapters.remove(self.lora_version)
-                self.lora_name = None
+                replaced, self.lora_name = self.lora_version, None
             result = self.engine.load_lora_adapter(lora_name=name, lora_path=folder)
             if not getattr(result, "success", True):
                 raise RuntimeError(f"sglang: the engine did not take the synced LoRA adapter ({folder}): "
                                    f"{getattr(result, 'error_message', '')}")
             self.lora_name, self.lora_version = name, version
+        return replaced
 
     def offload(self) -> None:
         if self.engine is None or self.released or not self._memory_saver():
@@ -239,7 +221,7 @@ class SGLangStrategy(InferenceStrategy):
             self.released = False
 
     def _memory_saver(self) -> bool:
-        enabled = self.sconfig.enable_memory_saver
+        enabled = self.engine_config.enable_memory_saver
         return self.context.colocated if enabled is None else enabled
 
     def shutdown(self) -> None:

@@ -39,7 +39,8 @@ import torch
 from roll.configs.errors import ConfigError
 from roll.configs.strategy_configs import VLLMConfig, parse_strategy_config
 from roll.distributed.batch import Batch
-from roll.strategies.adapter_folders import AdapterFolders, is_adapter_tensor, vllm_lora_slot
+from roll.models.dtypes import TORCH_DTYPES, engine_dtype
+from roll.strategies.adapter_folders import AdapterFolders, EngineAdapterSync, vllm_lora_slot
 from roll.strategies.async_runner import LoopThread
 from roll.strategies.backends import check_backend, check_passthrough
 from roll.strategies.base import Generation, InferenceStrategy, NamedTensors, SamplingParams, StrategyContext
@@ -48,8 +49,6 @@ from roll.strategies.vllm_worker import pack_tensors
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", None: "auto"}
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 EXTENSION = "roll.strategies.vllm_worker.RollWorkerExtension"
 SHARED_OPENING_MIN_TOKENS = 64  # shorter shared openings are not worth a request of their own
 PRIMED_MEMORY = 4096  # shared openings remembered as prefilled (hashes) before the memory is reset
@@ -63,7 +62,7 @@ def engine_kwargs(c: VLLMConfig, model_path: str, dtype: str | None, seed: int, 
         model=model_path,
         tokenizer=model_path,
         skip_tokenizer_init=False,  # stop strings need the detokenizer
-        dtype=DTYPES[dtype],
+        dtype=engine_dtype(dtype),
         seed=seed,
         gpu_memory_utilization=c.gpu_memory_utilization,
         load_format=c.load_format,
@@ -88,7 +87,9 @@ def engine_kwargs(c: VLLMConfig, model_path: str, dtype: str | None, seed: int, 
     return kw
 
 
-class VLLMStrategy(InferenceStrategy):
+class VLLMStrategy(EngineAdapterSync, InferenceStrategy):
+    engine_name = "vllm"
+
     def __init__(self, worker_config: Any, context: StrategyContext | None = None) -> None:
         self.config = worker_config
         self.context = context or StrategyContext(role="actor_infer")
@@ -96,7 +97,7 @@ class VLLMStrategy(InferenceStrategy):
         self.runner: LoopThread | None = None
         self.sleeping: set[str] = set()
         self._ids = itertools.count()
-        self.vconfig = parse_strategy_config("vllm", worker_config.strategy_args.strategy_config,
+        self.engine_config = parse_strategy_config("vllm", worker_config.strategy_args.strategy_config,
                                              f"{self.context.role}.strategy_args.strategy_config")
         self.adapters: AdapterFolders | None = None  # LoRA run with the adapter applied here: its synced versions
         self.lora_request: Any = None  # the LoRARequest of the adapter now in use (every request names it)
@@ -104,24 +105,16 @@ class VLLMStrategy(InferenceStrategy):
         self.pending: NamedTensors = []  # CPU build: the running sync's tensors, applied whole at its end
         self.primed: set[int] = set()  # hashes of the shared openings prefilled since the last weight change
 
-    def _lora_slot(self) -> int | None:
-        """The rank of the engine's LoRA slots when it applies the trainer's adapter itself; None: merged syncs."""
-        rank = self.context.lora_rank
-        if rank is None or not self.vconfig.lora_adapters or self.vconfig.load_format == "dummy":
-            return None  # (dummy: no base weights to adapt; the merged sync fills them)
-        if self._sleep_mode() and self.vconfig.sleep_level == 2:
+    def _slot_for(self, rank: int) -> int | None:
+        if self._sleep_mode() and self.engine_config.sleep_level == 2:
             return None  # level-2 sleep drops the base weights: every sync must bring them whole
         return vllm_lora_slot(rank)
-
-    @property
-    def accepts_adapters(self) -> bool:
-        return self._lora_slot() is not None
 
     def initialize(self) -> None:
         check_backend("vllm", f"{self.context.role}.strategy_args.strategy_name")
         self.cpu = not torch.cuda.is_available()
         path = f"{self.context.role}.strategy_args.strategy_config"
-        if self.cpu and self.vconfig.enable_sleep_mode:
+        if self.cpu and self.engine_config.enable_sleep_mode:
             raise ConfigError(f"{path}.enable_sleep_mode", "vLLM's CPU build has no sleep mode (its workers ignore "
                                                            "sleep/wake); leave it unset or false on CPU")
         if self.cpu:
@@ -132,18 +125,18 @@ class VLLMStrategy(InferenceStrategy):
         from roll.models.resolve import ensure_hf_folder
 
         margs = self.config.model_args
-        check_passthrough(self.vconfig.engine_kwargs, {f.name for f in dataclasses.fields(AsyncEngineArgs)}, path)
+        check_passthrough(self.engine_config.engine_kwargs, {f.name for f in dataclasses.fields(AsyncEngineArgs)}, path)
         model_path = ensure_hf_folder(margs.model_name_or_path, margs.gguf_file)
-        slot = self._lora_slot()
+        slot = self._adapter_slot()
         if self.context.lora_rank is not None and slot is None:
             log.info("vllm: LoRA run, the engine receives merged full weights (lora_adapters=%s, load_format=%s, "
-                     "rank %d)", self.vconfig.lora_adapters, self.vconfig.load_format, self.context.lora_rank)
-        kwargs = engine_kwargs(self.vconfig, model_path, margs.dtype, self.context.seed, self._sleep_mode(),
+                     "rank %d)", self.engine_config.lora_adapters, self.engine_config.load_format, self.context.lora_rank)
+        kwargs = engine_kwargs(self.engine_config, model_path, margs.dtype, self.context.seed, self._sleep_mode(),
                                self.context.max_sequence_length, margs.trust_remote_code, lora_rank=slot)
         if slot is not None:
             self.adapters = AdapterFolders()
         log.info("vllm: starting AsyncLLM (tp=%d, load_format=%s, sleep mode=%s, LoRA slots of rank %s)",
-                 self.vconfig.tensor_parallel_size, kwargs["load_format"], kwargs["enable_sleep_mode"], slot)
+                 self.engine_config.tensor_parallel_size, kwargs["load_format"], kwargs["enable_sleep_mode"], slot)
         self.runner = LoopThread("vllm-engine")
 
         async def start() -> Any:
@@ -157,17 +150,17 @@ class VLLMStrategy(InferenceStrategy):
         beside training. Its OpenMP threads bind to VLLM_CPU_OMP_THREADS_BIND; vLLM's 'auto' keeps a core back
         for its front end, which on a 2-core machine halves decode (measured 285 vs 381 tokens/s), so unless the
         role's system_envs choose, the engine binds every core this process may use."""
-        if self.vconfig.block_size is not None and self.vconfig.block_size % 32:
+        if self.engine_config.block_size is not None and self.engine_config.block_size % 32:
             raise ConfigError(f"{path}.block_size", f"vLLM's CPU attention needs a multiple of 32, got "
-                                                    f"{self.vconfig.block_size}; leave it unset on CPU")
-        explicit = "kv_cache_memory_bytes" in self.vconfig.engine_kwargs or os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+                                                    f"{self.engine_config.block_size}; leave it unset on CPU")
+        explicit = "kv_cache_memory_bytes" in self.engine_config.engine_kwargs or os.environ.get("VLLM_CPU_KVCACHE_SPACE")
         if not explicit:
             import psutil
 
-            wanted = self.vconfig.gpu_memory_utilization * psutil.virtual_memory().total
+            wanted = self.engine_config.gpu_memory_utilization * psutil.virtual_memory().total
             if wanted > psutil.virtual_memory().available:
                 raise ConfigError(f"{path}.kv_cache_memory_bytes",
-                                  f"vLLM's CPU build takes gpu_memory_utilization={self.vconfig.gpu_memory_utilization} "
+                                  f"vLLM's CPU build takes gpu_memory_utilization={self.engine_config.gpu_memory_utilization} "
                                   f"of host memory ({wanted / 2**30:.1f} GiB) when no KV-cache size is set, more than "
                                   f"is free ({psutil.virtual_memory().available / 2**30:.1f} GiB); set "
                                   "kv_cache_memory_bytes (e.g. 1073741824) or a smaller gpu_memory_utilization")
@@ -224,7 +217,7 @@ class VLLMStrategy(InferenceStrategy):
                 pass
 
         async def all_of() -> list[Generation]:
-            if self.vconfig.enable_prefix_caching and self.vconfig.prefill_shared_openings:
+            if self.engine_config.enable_prefix_caching and self.engine_config.prefill_shared_openings:
                 if len(self.primed) > PRIMED_MEMORY:  # long runs without a sync: forget (at worst a prime repeats)
                     self.primed.clear()
                 for level in shared_openings(prompts, SHARED_OPENING_MIN_TOKENS):
@@ -263,19 +256,9 @@ class VLLMStrategy(InferenceStrategy):
         return out
 
     # --- weights and memory
-    def configure_adapter(self, config: dict[str, Any]) -> None:
-        """The trainer's LoRA adapter (peft config): its tensors arrive with each sync."""
-        slot = self._lora_slot()
-        if self.adapters is None or slot is None:
-            raise RuntimeError("vllm: this engine was started without LoRA slots; it takes merged weights")
-        if int(config["r"]) > slot:
-            raise ValueError(f"vllm: the trainer's LoRA rank {config['r']} exceeds the engine's slots ({slot})")
-        self.adapters.configure(config)
-
     def load_weights(self, named_tensors: NamedTensors) -> None:
         assert self.engine is not None and self.runner is not None, "initialize() first"
-        if self.adapters is not None and any(is_adapter_tensor(name) for name, _ in named_tensors):
-            self.adapters.add(named_tensors)  # registered as a whole in finish_weight_sync
+        if self._gather_adapter(named_tensors):  # registered as a whole in finish_weight_sync
             return
         self._wake(["weights"])
         if self.cpu:  # applied whole at the sync's end (finish_weight_sync); copies: the buckets' buffer is reused
@@ -291,16 +274,15 @@ class VLLMStrategy(InferenceStrategy):
         under a new id, the previous one removed (its KV blocks are keyed by its id, so none is reused)."""
         if self.pending and self.runner is not None:
             self._reload_pending()
-        if self.adapters is None or self.runner is None:
-            return
-        if any(".lm_head." in name for name in self.adapters.pending):
+        self._publish_adapter()
+
+    def _check_adapter(self, names: list[str]) -> None:
+        if any(".lm_head." in name for name in names):
             raise ValueError("vllm: the adapter covers the output head (lm_head), which vLLM leaves out of prompt "
                              "log-probs (vllm-project/vllm#51594); leave lm_head out of lora_target, or set "
                              "actor_infer.strategy_args.strategy_config.lora_adapters: false to sync merged weights")
-        published = self.adapters.publish()
-        if published is None:
-            return
-        version, folder = published
+
+    def _swap_adapter(self, version: int, folder: str) -> int | None:
         from vllm.lora.request import LoRARequest
 
         self._wake(["weights"])
@@ -309,9 +291,10 @@ class VLLMStrategy(InferenceStrategy):
             raise RuntimeError(f"vllm: the engine did not take the synced LoRA adapter ({folder})")
         previous, self.lora_request = self.lora_request, request
         self.primed.clear()  # the cache is keyed by adapter: the new one has nothing cached
-        if previous is not None:
-            self.runner.run(self.engine.remove_lora(previous.lora_int_id))
-            self.adapters.remove(previous.lora_int_id)
+        if previous is None:
+            return None
+        self.runner.run(self.engine.remove_lora(previous.lora_int_id))
+        return previous.lora_int_id
 
     def _reload_pending(self) -> None:
         from safetensors.torch import save_file
@@ -333,14 +316,14 @@ class VLLMStrategy(InferenceStrategy):
         if self.engine is None or self.runner is None or not self._sleep_mode():
             return
         if self.sleeping != {"weights", "kv_cache"}:
-            self.runner.run(self.engine.sleep(level=self.vconfig.sleep_level))
+            self.runner.run(self.engine.sleep(level=self.engine_config.sleep_level))
             self.sleeping = {"weights", "kv_cache"}
 
     def reload(self) -> None:
         self._wake(None)
 
     def _sleep_mode(self) -> bool:
-        enabled = self.vconfig.enable_sleep_mode
+        enabled = self.engine_config.enable_sleep_mode
         if self.cpu:
             return False  # nothing to free: colocated roles share host memory (asking for it is refused at start)
         return self.context.colocated if enabled is None else enabled
