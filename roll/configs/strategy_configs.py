@@ -74,6 +74,9 @@ class HFInferConfig:
         True, "Keep each finished request's KV and reuse it for prompts that start with the same tokens (a "
         "conversation's next turn, a shared opening); off: every prompt is encoded whole.")
     prefix_cache_tokens: int = opt(65536, "Most tokens whose KV the prefix cache holds (least recently used go first).")
+    max_num_seqs: int = opt(
+        32, "Most requests decoding at once (vLLM's key of the same name); the rest wait and join as rows finish. "
+        "Bounds the decode batch's KV and logits memory (a 64-level validation beside the training rollout).")
 
 
 @dataclass

@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,12 +126,31 @@ class _Request:
     next_logits: torch.Tensor | None = None
 
 
+def heap_trimmer() -> Callable[[], Any] | None:
+    """glibc's ``malloc_trim(0)``, which hands the C heap's free pages back to the OS; None where glibc is not.
+    Called when the engine goes idle: a decode batch's KV and logits are freed into malloc's arenas, which keep
+    them, so without it a worker's resident memory grows to its largest batch and stays there while the colocated
+    trainer runs."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+    trim = getattr(libc, "malloc_trim", None)
+    return None if trim is None else lambda: trim(0)
+
+
 class GenerationEngine:
     """Runs generation requests on one causal LM; thread-safe (one thread drives the model at a time)."""
 
     def __init__(self, model: torch.nn.Module, eos_ids: set[int], tokenizer: Any = None,
-                 cache_tokens: int = 65536, seed: int = 0) -> None:
+                 cache_tokens: int = 65536, seed: int = 0, max_rows: int = 32) -> None:
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self.model = model
+        self.max_rows = max_rows  # requests decoding at once; the rest wait in _pending
+        self._trim_heap = heap_trimmer()
         self.eos_ids = set(eos_ids)
         self.tokenizer = tokenizer  # for stop strings
         self.cache = PrefixCache(cache_tokens)
@@ -178,10 +197,11 @@ class GenerationEngine:
         try:
             while True:
                 with self._lock:
-                    joining, self._pending = self._pending, []
+                    room = max(self.max_rows - len(active), 0)
+                    joining, self._pending = self._pending[:room], self._pending[room:]
                     if not joining and not active:
                         self._driving = False
-                        return
+                        break
                 with torch.no_grad():
                     for r in joining:
                         self._prefill(r)
@@ -211,6 +231,8 @@ class GenerationEngine:
                     r.error = e
                     r.done.set()
             raise
+        if self._trim_heap is not None:
+            self._trim_heap()
 
     def _prefill(self, r: _Request) -> None:
         from transformers import DynamicCache

@@ -53,3 +53,22 @@ def test_frozen_lake_has_both_baselines(tag):
     _, requests = val_requests(f"val_env_manager.tags=[{tag}]", "+custom_envs.FrozenLake=${custom_env.FrozenLake}")
     metrics = baseline_metrics(requests[:8])
     assert metrics["val/baseline_solver_success"] >= metrics["val/baseline_random_success"]
+
+
+@pytest.mark.parametrize("config_name", ["agentic_sokoban", "agentic_frozen_lake"])
+def test_the_default_validation_is_64_distinct_levels_played_greedily_at_the_first_and_last_step(config_name):
+    from envs.registration import make_env
+
+    cfg = load_config(config_name).config
+    slots = build_slots(cfg.custom_envs, cfg.val_env_manager, cfg.seed)
+    requests = episode_requests(slots, cfg.val_env_manager.max_traj_per_env, cfg.seed, "val", 0, True)
+    assert cfg.val_batch_size == len(requests) == 64
+    boards = set()
+    for r in requests:
+        env = make_env(r.slot.entry["env_type"], r.slot.entry.get("entry_point"), **r.slot.entry["env_config"])
+        observation, _ = env.reset(seed=r.seed)
+        boards.add(str(observation))
+    assert len(boards) == 64  # no level is counted twice
+    assert cfg.val_env_manager.generating_args.temperature == 0.0 and not cfg.val_env_manager.generating_args.do_sample
+    evals = [s for s in range(cfg.max_steps) if s % cfg.eval_steps == 0]
+    assert evals[0] == 0 and evals[-1] == cfg.max_steps - 1

@@ -132,3 +132,25 @@ def test_sampling_probs_top_k_and_top_p():
     torch.testing.assert_close(sampling_probs(logits, 1.0, 0.85, -1), torch.tensor([0.5, 0.3, 0.15, 0.0]) / 0.95)
     hot = sampling_probs(logits, 2.0, 1.0, -1)
     torch.testing.assert_close(hot, torch.softmax(logits / 2, -1))
+
+
+def test_max_rows_bounds_the_decode_batch_and_changes_no_token(model_and_eos):
+    """hf_infer's max_num_seqs: at most that many rows decode at once; the others wait, join as rows finish, and
+    get exactly the tokens and log-probs of an unbounded batch."""
+    model, eos = model_and_eos
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=2)
+    prompts = [[i, i + 1, i + 2 + i % 3] for i in range(5, 12)]
+    expected = GenerationEngine(model, eos, cache_tokens=0).generate(prompts, params)
+    widths: list[int] = []
+    hook = model.register_forward_pre_hook(lambda m, args, kwargs: widths.append(kwargs["input_ids"].shape[0]),
+                                           with_kwargs=True)
+    try:
+        got = GenerationEngine(model, eos, cache_tokens=0, max_rows=2).generate(prompts, params)
+    finally:
+        hook.remove()
+    assert max(widths) == 2
+    assert [g.token_ids for g in got] == [g.token_ids for g in expected]
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="max_rows"):
+        GenerationEngine(model, eos, max_rows=0)
