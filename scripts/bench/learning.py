@@ -158,7 +158,7 @@ def plot(path: Path, title: str, train: list[dict], val: list[dict], base: dict,
         ax.set(title=labels[key], xlabel="step")
         if key != "score":
             ax.set_ylim(-0.05, 1.05)
-    axes[0].legend(fontsize=7, loc="best")
+    axes[1].legend(fontsize=7, loc="upper right")  # the success panel has every line
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
