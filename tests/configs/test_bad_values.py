@@ -77,6 +77,9 @@ def test_devices_beyond_this_machines_gpus_fail_dry_run(monkeypatch, capsys):
     for a placement group it cannot get)."""
     import torch
 
+    import roll.preflight
+
+    monkeypatch.setattr(roll.preflight, "nvidia_driver", lambda: True)  # a GPU machine: the driver, then torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
