@@ -59,7 +59,7 @@ def check_inputs(cfg: schema.PipelineConfig, rollout_only: bool = False) -> None
 def _check_local_gpus(cfg: schema.PipelineConfig, rollout_only: bool) -> None:
     """On a GPU machine that starts its own Ray cluster, the devices named exist here (without a GPU, devices are
     virtual CPU slots; a joined or multi-node cluster is checked when Ray is up)."""
-    if not nvidia_driver() or os.environ.get("RAY_ADDRESS") or os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
+    if not gpu_driver() or os.environ.get("RAY_ADDRESS") or os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
         return
     import torch  # only where a GPU can be: torch's import is most of a dry run's time
 
@@ -73,9 +73,11 @@ def _check_local_gpus(cfg: schema.PipelineConfig, rollout_only: bool) -> None:
                       cfg.num_gpus_per_node, [torch.cuda.device_count()])
 
 
-def nvidia_driver() -> bool:
-    """Whether this machine has an NVIDIA driver loaded (without it torch sees no GPU, so it need not be asked)."""
-    return Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
+def gpu_driver() -> bool:
+    """Whether this machine has a GPU driver torch can use: NVIDIA's, or ROCm's (AMD GPUs, which torch also
+    reports through torch.cuda). Without one torch sees no GPU, so it need not be imported to ask."""
+    return (Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
+            or Path("/dev/kfd").exists())
 
 
 def _check_model(path: str, name: str | None) -> None:

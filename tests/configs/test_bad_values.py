@@ -79,7 +79,7 @@ def test_devices_beyond_this_machines_gpus_fail_dry_run(monkeypatch, capsys):
 
     import roll.preflight
 
-    monkeypatch.setattr(roll.preflight, "nvidia_driver", lambda: True)  # a GPU machine: the driver, then torch
+    monkeypatch.setattr(roll.preflight, "gpu_driver", lambda: True)  # a GPU machine: the driver, then torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
