@@ -30,9 +30,11 @@ system user assistant tool The quick brown fox jumps over the lazy dog 012345678
 
 
 def build_tiny_model(path: str | Path, vocab_size: int = 512, hidden_size: int = 64, num_layers: int = 2,
-                     num_heads: int = 4, seed: int = 0, tie_word_embeddings: bool = True) -> Path:
+                     num_heads: int = 4, seed: int = 0, tie_word_embeddings: bool = True,
+                     num_kv_heads: int | None = None) -> Path:
     """Write a tiny Llama-style model and its tokenizer to ``path`` (returned); the output head shares the input
-    embedding's weight unless ``tie_word_embeddings`` is False."""
+    embedding's weight unless ``tie_word_embeddings`` is False; ``num_kv_heads`` below ``num_heads`` makes its attention
+    grouped-query (several query heads reading one key/value head), as SmolLM2's is."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -53,7 +55,7 @@ def build_tiny_model(path: str | Path, vocab_size: int = 512, hidden_size: int =
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(fast), hidden_size=hidden_size, intermediate_size=hidden_size * 2, num_hidden_layers=num_layers,
-        num_attention_heads=num_heads, num_key_value_heads=num_heads, max_position_embeddings=2048,
+        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads or num_heads, max_position_embeddings=2048,
         tie_word_embeddings=tie_word_embeddings, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id, bos_token_id=None,
     )
     model = LlamaForCausalLM(config)

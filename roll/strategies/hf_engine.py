@@ -191,17 +191,23 @@ class GenerationEngine:
 
     # --- the loop (one driving thread)
     def _drive(self) -> None:
-        active: list[_Request] = []
+        active: list[_Request] = []  # the batch's rows in order; finished ones stay until the next compaction
         joining: list[_Request] = []
         batch: _Batch | None = None
         try:
             while True:
+                live = [i for i, r in enumerate(active) if not r.finish]
                 with self._lock:
-                    room = max(self.max_rows - len(active), 0)
+                    room = max(self.max_rows - len(live), 0)
                     joining, self._pending = self._pending[:room], self._pending[room:]
-                    if not joining and not active:
+                    if not joining and not live:
                         self._driving = False
                         break
+                # Dropping finished rows copies every layer's KV, so it waits until they are a quarter of the
+                # batch or new rows join (which copies the KV anyway); until then they decode along, unread.
+                if batch is not None and len(live) < len(active) and (joining or not live or 4 * (len(active) - len(live)) >= len(active)):
+                    active = [active[i] for i in live]
+                    batch = batch.select(live) if live else None
                 with torch.no_grad():
                     for r in joining:
                         self._prefill(r)
@@ -211,17 +217,19 @@ class GenerationEngine:
                     if fresh:
                         batch = _Batch.join(batch, fresh)
                         active += fresh
-                    if not active:
+                    if not any(not r.finish for r in active):
                         continue
+                    assert batch is not None
                     logits = batch.step(self.model, [r.tokens[-1] for r in active])
-                    for r, row_logits in zip(active, logits):
-                        self._sample(r, row_logits)
-                    finished = [i for i, r in enumerate(active) if r.finish]
+                    finished = []
+                    for i, (r, row_logits) in enumerate(zip(active, logits)):
+                        if not r.finish:
+                            self._sample(r, row_logits)
+                            if r.finish:
+                                finished.append(i)
                     if finished:
+                        # a row's KV is taken the step it finishes: later steps append tokens it did not sample
                         self._retire([active[i] for i in finished], [batch.row_kv(i) for i in finished])
-                        keep = [i for i, r in enumerate(active) if not r.finish]
-                        active = [active[i] for i in keep]
-                        batch = batch.select(keep) if keep else None
         except BaseException as e:  # noqa: BLE001 - every waiting request gets the error
             with self._lock:
                 stranded, self._pending = self._pending + joining + active, []

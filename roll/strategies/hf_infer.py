@@ -20,6 +20,7 @@ from roll.models.loading import load_causal_lm, load_tokenizer
 from roll.models.logprobs import forward_logprobs
 from roll.models.lora import peft_module_name as base_model_name
 from roll.strategies.base import Generation, InferenceStrategy, NamedTensors, SamplingParams, StrategyContext
+from roll.strategies.decode_attention import use_decode_attention
 from roll.strategies.hf_engine import GenerationEngine
 from roll.strategies.micro_batching import dynamic_micro_batches, scatter_rows
 
@@ -40,6 +41,7 @@ class HFInferStrategy(InferenceStrategy):
     def initialize(self) -> None:
         self.tokenizer = load_tokenizer(self.config.model_args)
         self.model = load_causal_lm(self.config.model_args).to(self.device).eval()
+        use_decode_attention(self.model)  # CPU only: SDPA's kernels are slow for one-token decode steps
         gen_eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
         if self.tokenizer.eos_token_id is not None:
