@@ -66,3 +66,13 @@ def subprocess_env(root) -> dict:
         port = sock.getsockname()[1]
     path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
     return {**os.environ, "PYTHONPATH": path, "MASTER_PORT": str(port)}
+
+
+def assert_greedy_matches_a_plain_forward(model, prompt: list[int], token_ids: list[int], logprobs: list[float]) -> None:
+    """Greedy tokens and their log-probs from an engine equal one forward of the prompt and those tokens."""
+    seq = torch.tensor([prompt + token_ids])
+    with torch.no_grad():
+        logits = model(input_ids=seq).logits[0, len(prompt) - 1: -1]
+    assert logits.argmax(-1).tolist() == token_ids
+    torch.testing.assert_close(torch.tensor(logprobs), torch.log_softmax(logits, -1).gather(
+        -1, torch.tensor(token_ids)[:, None])[:, 0], atol=1e-5, rtol=0)

@@ -9,7 +9,7 @@ from roll.strategies.decode_attention import NAME, grouped_decode_attention, use
 from roll.strategies.hf_engine import GenerationEngine
 from roll.strategies.hf_infer import HFInferStrategy
 
-from .helpers import worker_config
+from .helpers import assert_greedy_matches_a_plain_forward, worker_config
 
 
 def sdpa_reference(query, key, value, keep):
@@ -76,12 +76,7 @@ def test_engine_on_a_grouped_query_model_equals_a_plain_forward(gqa_model):
         hook.remove()
     assert 1 in calls  # decode steps ran
     for prompt, gen in zip([[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15, 16], [5, 6, 7, 8]], gens):
-        seq = torch.tensor([prompt + gen.token_ids])
-        with torch.no_grad():
-            logits = model(input_ids=seq).logits[0, len(prompt) - 1: -1]
-        assert logits.argmax(-1).tolist() == gen.token_ids
-        torch.testing.assert_close(torch.tensor(gen.logprobs), torch.log_softmax(logits, -1).gather(
-            -1, torch.tensor(gen.token_ids)[:, None])[:, 0], atol=1e-5, rtol=0)
+        assert_greedy_matches_a_plain_forward(model, prompt, gen.token_ids, gen.logprobs)
 
 
 def test_only_cpu_models_on_sdpa_are_switched(gqa_model, tiny_model_path):

@@ -10,7 +10,7 @@ from roll.strategies.base import SamplingParams
 from roll.strategies.hf_engine import GenerationEngine, PrefixCache, common_prefix, sampling_probs
 from roll.strategies.hf_infer import HFInferStrategy
 
-from .helpers import worker_config
+from .helpers import assert_greedy_matches_a_plain_forward, worker_config
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +59,7 @@ def test_tokens_and_logprobs_equal_a_plain_forward_and_hf_generate(model_and_eos
     prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [5, 6, 7, 8]]
     gens = engine.generate(prompts, SamplingParams(max_new_tokens=6, temperature=0.0))
     for prompt, gen in zip(prompts, gens):
-        seq = torch.tensor([prompt + gen.token_ids])
-        with torch.no_grad():
-            logits = model(input_ids=seq).logits[0, len(prompt) - 1: -1]
-        assert logits.argmax(-1).tolist() == gen.token_ids
-        torch.testing.assert_close(torch.tensor(gen.logprobs), torch.log_softmax(logits, -1).gather(
-            -1, torch.tensor(gen.token_ids)[:, None])[:, 0], atol=1e-5, rtol=0)
+        assert_greedy_matches_a_plain_forward(model, prompt, gen.token_ids, gen.logprobs)
         hf = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, eos_token_id=sorted(eos),
                             pad_token_id=0)[0, len(prompt):].tolist()
         assert hf[: len(gen.token_ids)] == gen.token_ids
