@@ -9,7 +9,8 @@ that share their openings, and short replies. Two measurements:
    weight sync does: seconds and generated tokens/s. The engines sample their own
    episodes; the group filter is off, so each rollout plays the same 8 episodes' worth of turns.
 2. The same conversations: the generate calls the hf_infer rollout made (prompts, batch, token budget) replayed
-   through plain ``model.generate`` (bf16, no cache across calls), hf_infer, the vllm strategy, and vLLM's own
+   through plain ``model.generate`` (bf16, no cache across calls), hf_infer, hf_infer with transformers' SDPA in
+   its one-token decode steps (the baseline of ``roll.strategies.decode_attention``), the vllm strategy, and vLLM's own
    ``LLM.generate`` on the same requests with the same seeds (so the vllm strategy and raw vLLM sample the same
    tokens and the ratio is overhead alone).
 
@@ -25,6 +26,8 @@ from typing import Any
 
 import _common  # noqa: F401 (puts the repository on sys.path)
 import torch
+
+from roll.strategies.decode_attention import NAME as DECODE_ATTENTION
 
 Call = tuple[list[list[int]], Any]  # one generate call: its prompts and SamplingParams
 
@@ -160,6 +163,7 @@ def main() -> None:
     p.add_argument("--trajectories", type=int, default=0, help="0: the default config's rollout_batch_size")
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--warm", type=int, default=3, help="warm rollouts per engine (after one cold)")
+    p.add_argument("--skip-plain", action="store_true", help="leave out the plain model.generate replay (slow)")
     p.add_argument("--profile", action="store_true", help="where a warm rollout's time goes (cProfile, top 25)")
     args = p.parse_args()
     cfg = default_config(args)
@@ -216,17 +220,27 @@ def main() -> None:
     prompt_tokens = sum(len(p) for c in calls for p in c[0])
     print(f"same conversations: the {len(calls)} generate calls of {engines[0]}'s first warm rollout "
           f"({prompt_tokens} prompt tokens)", flush=True)
-    from roll.models.loading import load_causal_lm
+    if not args.skip_plain:
+        from roll.models.loading import load_causal_lm
 
-    model = load_causal_lm(cfg.actor_infer.model_args).eval()
-    wall, tokens = replay(calls, plain_generate(model, tokenizer.pad_token_id))
-    print(f"  plain model.generate: {wall:6.2f} s, {tokens / wall:6.1f} tokens/s", flush=True)
-    results["plain"] = {"replay_s": wall, "replay_tps": tokens / wall}
-    del model
+        model = load_causal_lm(cfg.actor_infer.model_args).eval()
+        wall, tokens = replay(calls, plain_generate(model, tokenizer.pad_token_id))
+        print(f"  plain model.generate: {wall:6.2f} s, {tokens / wall:6.1f} tokens/s", flush=True)
+        results["plain"] = {"replay_s": wall, "replay_tps": tokens / wall}
+        del model
     for engine, strategy in strategies.items():
+        forget_cache(strategy)
         wall, tokens = replay(calls, lambda prompts, params, s=strategy: sum(len(g.token_ids) for g in s.generate(prompts, params)))
         print(f"  {engine}: {wall:6.2f} s, {tokens / wall:6.1f} tokens/s", flush=True)
         results[engine].update(replay_s=wall, replay_tps=tokens / wall)
+        if engine == "hf_infer" and strategy.model.config._attn_implementation == DECODE_ATTENTION:
+            # the baseline: the same engine with transformers' SDPA in its decode steps too
+            strategy.model.set_attn_implementation("sdpa")
+            forget_cache(strategy)
+            base, base_tokens = replay(calls, lambda prompts, params, s=strategy: sum(len(g.token_ids) for g in s.generate(prompts, params)))
+            strategy.model.set_attn_implementation(DECODE_ATTENTION)
+            print(f"  hf_infer with SDPA decode steps: {base:6.2f} s, {base_tokens / base:6.1f} tokens/s; the decode "
+                  f"attention makes the replay {base / wall:.2f}x faster", flush=True)
         if engine == "vllm":
             strategy.shutdown()
             llm, generate = raw_vllm(engine_config(cfg, "vllm"), cfg)
