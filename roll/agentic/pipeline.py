@@ -532,6 +532,9 @@ class AgenticPipeline:
         self._side.shutdown(wait=False, cancel_futures=True)
         for c in self.clusters.values():
             c.shutdown()
+        # A worker interrupted while saving finishes that save before it is stopped, into the .partial folder the
+        # driver already removed (recreating it); with every worker stopped nothing writes any more.
+        sweep_partial(self.cfg.output_dir)
         with contextlib.suppress(Exception):
             self.resources.shutdown()
         ray.shutdown()
