@@ -13,7 +13,7 @@ from typing import Any, Literal, Union
 from roll.configs import schema
 from roll.configs.build import ALIASES
 from roll.configs.roll_compat import NO_EFFECT, REFUSED
-from roll.configs.strategy_configs import MegatronConfig, SGLangConfig, VLLMConfig
+from roll.configs.strategy_configs import HFInferConfig, MegatronConfig, SGLangConfig, VLLMConfig
 
 _SECTIONS: list[tuple[str, type, str]] = [
     ("Pipeline (top level)", schema.PipelineConfig, ""),
@@ -30,6 +30,7 @@ _SECTIONS: list[tuple[str, type, str]] = [
     ("train_infer_correction.is_weight", schema.TrainInferISWeight, "train_infer_correction.is_weight"),
     ("train_infer_correction.filters (each entry)", schema.TrainInferFilter, "train_infer_correction.filters[i]"),
     ("rollout_mock", schema.RolloutMock, "rollout_mock"),
+    ("strategy_config of hf_infer (actor_infer)", HFInferConfig, "<role>.strategy_args.strategy_config"),
     ("strategy_config of vllm (actor_infer)", VLLMConfig, "<role>.strategy_args.strategy_config"),
     ("strategy_config of sglang (actor_infer)", SGLangConfig, "<role>.strategy_args.strategy_config"),
     ("strategy_config of megatron_train / megatron_infer", MegatronConfig, "<role>.strategy_args.strategy_config"),
@@ -59,7 +60,8 @@ problem. Top-level keys used only as `${...}` interpolation sources, and keys th
 `device_mapping` accepts `list(range(0,8))`, `list(range(0,16,2))`, `[0,1,2,3]`, `0,1,2` or a YAML
 list of ints; it is parsed, never evaluated.
 
-GPU backends: the `strategy_config` of vllm, sglang and megatron_* is checked at load on any machine
+The `strategy_config` of hf_infer is checked at load (table below; an unknown key is an error). GPU
+backends: the `strategy_config` of vllm, sglang and megatron_* is checked at load on any machine
 (tables below); other keys there are passed to the engine verbatim (vLLM `AsyncEngineArgs`, SGLang
 `ServerArgs`, megatron-core `TransformerConfig`) and checked against it when the worker starts, except
 a key close to a known one, which is an error. A DeepSpeed `strategy_config` is a DeepSpeed config.

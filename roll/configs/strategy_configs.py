@@ -77,6 +77,9 @@ class HFInferConfig:
     max_num_seqs: int = opt(
         32, "Most requests decoding at once (vLLM's key of the same name); the rest wait and join as rows finish. "
         "Bounds the decode batch's KV and logits memory (a 64-level validation beside the training rollout).")
+    max_num_batched_tokens: int = opt(
+        8192, "Most new tokens (padding included) one prefill forward encodes (vLLM's key of the same name): requests "
+        "that join the decode batch together are encoded together up to it, grouped by length; 1 encodes each alone.")
 
 
 @dataclass
@@ -179,6 +182,12 @@ def _check_vllm(c: VLLMConfig, path: str) -> None:
                   "max_num_seqs", "max_num_batched_tokens")
 
 
+def _check_hf_infer(c: HFInferConfig, path: str) -> None:
+    _at_least_one(c, path, "max_num_seqs", "max_num_batched_tokens")
+    if c.prefix_cache_tokens < 0:
+        raise ConfigError(f"{path}.prefix_cache_tokens", f"must be >= 0, got {c.prefix_cache_tokens}")
+
+
 def _check_sglang(c: SGLangConfig, path: str) -> None:
     if c.mem_fraction_static is not None and not 0.0 < c.mem_fraction_static < 1.0:
         raise ConfigError(f"{path}.mem_fraction_static", f"must be in (0, 1), got {c.mem_fraction_static}")
@@ -208,7 +217,7 @@ def _at_least_one(config: Any, path: str, *names: str) -> None:
             raise ConfigError(f"{path}.{name}", f"must be >= 1, got {value}")
 
 
-_CHECKS = {VLLMConfig: _check_vllm, SGLangConfig: _check_sglang, MegatronConfig: _check_megatron}
+_CHECKS = {HFInferConfig: _check_hf_infer, VLLMConfig: _check_vllm, SGLangConfig: _check_sglang, MegatronConfig: _check_megatron}
 
 
 def check_megatron_world(c: MegatronConfig, world_size: int, path: str) -> None:

@@ -7,7 +7,8 @@
   beyond ``max_tokens`` and all dropped when the weights change.
 * **Continuous batching.** Requests join the running decode loop at its next step (calls from other
   threads are merged into it) and leave it the step they finish, so a short answer is returned
-  without waiting on the slowest row of its batch.
+  without waiting on the slowest row of its batch. Requests that join at the same step have their
+  prompts encoded together (``roll.strategies.hf_prefill``).
 * **Sampling** is per request with its own ``torch.Generator``: a seeded request samples the same
   tokens whichever batch it lands in. Log-probs are of the raw logits (temperature 1), as training
   recomputes them.
@@ -23,8 +24,11 @@ from typing import Any
 import torch
 
 from roll.strategies.base import Generation, SamplingParams
+from roll.strategies.hf_prefill import MAX_GROUP_TOKENS, plan_groups, prefill_rows
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, heads, tokens, dim]
+# Uncached tokens two joining prompts may share before the later one waits for the earlier one's KV to be cached.
+SHARED_OPENING = 32
 
 
 def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -53,16 +57,24 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, prompt: torch.Tensor) -> tuple[KV | None, int]:
-        """The cached KV of the longest prefix of ``prompt`` (at most all but its last token, whose
-        logits the caller needs), and that prefix's length."""
-        self.stats["lookups"] += 1
-        self.stats["prompt_tokens"] += len(prompt)
+    def _best(self, prompt: torch.Tensor) -> tuple[_Entry | None, int]:
         best, best_n = None, 0
         for entry in self._entries:
             n = min(common_prefix(entry.tokens, prompt), len(prompt) - 1)
             if n > best_n:
                 best, best_n = entry, n
+        return best, best_n
+
+    def covered(self, prompt: torch.Tensor) -> int:
+        """How many of ``prompt``'s tokens a lookup would reuse (no statistics, no recency)."""
+        return self._best(prompt)[1]
+
+    def lookup(self, prompt: torch.Tensor) -> tuple[KV | None, int]:
+        """The cached KV of the longest prefix of ``prompt`` (at most all but its last token, whose
+        logits the caller needs), and that prefix's length."""
+        self.stats["lookups"] += 1
+        self.stats["prompt_tokens"] += len(prompt)
+        best, best_n = self._best(prompt)
         if best is None:
             return None, 0
         self._clock += 1
@@ -145,11 +157,14 @@ class GenerationEngine:
     """Runs generation requests on one causal LM; thread-safe (one thread drives the model at a time)."""
 
     def __init__(self, model: torch.nn.Module, eos_ids: set[int], tokenizer: Any = None,
-                 cache_tokens: int = 65536, seed: int = 0, max_rows: int = 32) -> None:
+                 cache_tokens: int = 65536, seed: int = 0, max_rows: int = 32, prefill_tokens: int = MAX_GROUP_TOKENS) -> None:
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        if prefill_tokens < 1:
+            raise ValueError(f"prefill_tokens must be >= 1, got {prefill_tokens}")
         self.model = model
         self.max_rows = max_rows  # requests decoding at once; the rest wait in _pending
+        self.prefill_tokens = prefill_tokens  # new tokens (padding included) one prefill forward encodes; 1: a row each
         self._trim_heap = heap_trimmer()
         self.eos_ids = set(eos_ids)
         self.tokenizer = tokenizer  # for stop strings
@@ -209,8 +224,8 @@ class GenerationEngine:
                     active = [active[i] for i in live]
                     batch = batch.select(live) if live else None
                 with torch.no_grad():
+                    self._prefill(joining)
                     for r in joining:
-                        self._prefill(r)
                         self._sample(r, r.next_logits)
                     fresh = [r for r in joining if not r.finish]
                     self._retire([r for r in joining if r.finish], None)
@@ -242,18 +257,26 @@ class GenerationEngine:
         if self._trim_heap is not None:
             self._trim_heap()
 
-    def _prefill(self, r: _Request) -> None:
-        from transformers import DynamicCache
-
-        with self._lock:
-            kv, start = self.cache.lookup(r.prompt)
-        cache = DynamicCache(ddp_cache_data=kv) if kv is not None else DynamicCache()
-        ids = r.prompt[start:].unsqueeze(0).to(self.device)
-        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        r.kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        r.next_logits = out.logits[0, -1]
-        with self._lock:  # other rows of this call may share the prompt's opening
-            self.cache.add(r.prompt, r.kv)
+    def _prefill(self, rows: list[_Request]) -> None:
+        """Encode the joining rows' prompts after their cached prefixes, in waves of batched forwards. A row that
+        shares an opening not yet cached with an earlier row of its wave waits for the next wave, where that
+        opening comes from the cache instead of being encoded once per row (a validation's 64 first turns)."""
+        todo = list(rows)
+        while todo:
+            wave: list[_Request] = []
+            with self._lock:
+                for r in todo:
+                    own = self.cache.covered(r.prompt)
+                    if not any(common_prefix(r.prompt, w.prompt) > own + SHARED_OPENING for w in wave):
+                        wave.append(r)
+                hits = [self.cache.lookup(r.prompt) for r in wave]
+            todo = [r for r in todo if r not in wave]
+            for group in plan_groups([len(r.prompt) - n for _, n in hits], max_tokens=self.prefill_tokens):
+                kvs, logits = prefill_rows(self.model, [(hits[i][0], wave[i].prompt[hits[i][1]:]) for i in group])
+                for i, kv, row_logits in zip(group, kvs, logits):
+                    wave[i].kv, wave[i].next_logits = kv, row_logits
+                    with self._lock:  # rows of later waves may share the prompt's opening
+                        self.cache.add(wave[i].prompt, kv)
 
     def _sample(self, r: _Request, logits: torch.Tensor) -> None:
         p = r.params

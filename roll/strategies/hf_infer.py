@@ -50,7 +50,8 @@ class HFInferStrategy(InferenceStrategy):
                                    f"{self.context.role}.strategy_args.strategy_config")
         self.engine = GenerationEngine(self.model, self.eos_ids, self.tokenizer,
                                        cache_tokens=hc.prefix_cache_tokens if hc.enable_prefix_caching else 0,
-                                       seed=self.context.seed + 7919 * self.context.rank, max_rows=hc.max_num_seqs)
+                                       seed=self.context.seed + 7919 * self.context.rank, max_rows=hc.max_num_seqs,
+                                       prefill_tokens=hc.max_num_batched_tokens)
 
     # --- generation
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:

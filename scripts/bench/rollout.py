@@ -10,7 +10,8 @@ that share their openings, and short replies. Two measurements:
    episodes; the group filter is off, so each rollout plays the same 8 episodes' worth of turns.
 2. The same conversations: the generate calls the hf_infer rollout made (prompts, batch, token budget) replayed
    through plain ``model.generate`` (bf16, no cache across calls), hf_infer, hf_infer with transformers' SDPA in
-   its one-token decode steps (the baseline of ``roll.strategies.decode_attention``), the vllm strategy, and vLLM's own
+   its one-token decode steps (the baseline of ``roll.strategies.decode_attention``), hf_infer encoding each prompt in
+   its own forward (the baseline of ``roll.strategies.hf_prefill``), the vllm strategy, and vLLM's own
    ``LLM.generate`` on the same requests with the same seeds (so the vllm strategy and raw vLLM sample the same
    tokens and the ratio is overhead alone).
 
@@ -241,6 +242,14 @@ def main() -> None:
             strategy.model.set_attn_implementation(DECODE_ATTENTION)
             print(f"  hf_infer with SDPA decode steps: {base:6.2f} s, {base_tokens / base:6.1f} tokens/s; the decode "
                   f"attention makes the replay {base / wall:.2f}x faster", flush=True)
+        if engine == "hf_infer":
+            # the baseline of batched prefill: every prompt encoded in its own forward
+            batched, strategy.engine.prefill_tokens = strategy.engine.prefill_tokens, 1
+            forget_cache(strategy)
+            base, base_tokens = replay(calls, lambda prompts, params, s=strategy: sum(len(g.token_ids) for g in s.generate(prompts, params)))
+            strategy.engine.prefill_tokens = batched
+            print(f"  hf_infer encoding each prompt alone: {base:6.2f} s, {base_tokens / base:6.1f} tokens/s; batched "
+                  f"prefill makes the replay {base / wall:.2f}x faster", flush=True)
         if engine == "vllm":
             strategy.shutdown()
             llm, generate = raw_vllm(engine_config(cfg, "vllm"), cfg)

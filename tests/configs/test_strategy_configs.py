@@ -46,6 +46,9 @@ def test_vllm_keys_are_typed_and_unknown_engine_args_pass_through() -> None:
     ("megatron_train", {"moe_shared_expert_overlap": True}, "moe_shared_expert_overlap", "alltoall"),
     ("megatron_train", {"moe_token_dispatcher_type": "all2all"}, "moe_token_dispatcher_type", "must be one of"),
     ("megatron_infer", {"sequence_paralel": True}, "sequence_paralel", "did you mean"),
+    ("hf_infer", {"max_num_seqs": 0}, "max_num_seqs", "must be >= 1"),
+    ("hf_infer", {"max_num_batched_tokens": 0}, "max_num_batched_tokens", "must be >= 1"),
+    ("hf_infer", {"prefix_cache_tokens": -1}, "prefix_cache_tokens", "must be >= 0"),
 ])
 def test_bad_strategy_config_values_name_the_key(strategy: str, raw: dict, path: str, message: str) -> None:
     with pytest.raises(ConfigError) as e:
