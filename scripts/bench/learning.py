@@ -169,7 +169,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config_name", default="agentic_sokoban")
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--eval_every", type=int, default=None, help="eval_steps (unset: an eval at the first and the last step)")
+    p.add_argument("--eval_every", type=int, default=None, help="eval_steps: validation at the steps it divides (unset: the first and the last step; a divisor of --steps minus 1 keeps the last)")
     p.add_argument("--from_tensorboard", default=None, help="plot a finished run of --config_name instead of running one")
     p.add_argument("--out", default="output/learning_curve.png")
     p.add_argument("--wall_min", type=float, default=None, help="with --from_tensorboard: the run's wall time, for the title")
@@ -238,8 +238,8 @@ def main() -> None:
         return f"{h['success']:.3f}" + (f" [{h['ci'][0]:.3f}, {h['ci'][1]:.3f}]" if "ci" in h else "")
 
     if val:
-        print(f"  validation ({cfg.val_batch_size} fixed levels, greedy): success {with_ci(val[0])} -> {with_ci(val[-1])}, "
-              f"valid {val[0]['valid']:.3f} -> {val[-1]['valid']:.3f}")
+        print(f"  validation ({cfg.val_batch_size} fixed levels, greedy): success {with_ci(val[0])} at step {val[0]['step']} -> "
+              f"{with_ci(val[-1])} at step {val[-1]['step']}, valid {val[0]['valid']:.3f} -> {val[-1]['valid']:.3f}")
         for policy in vbase:
             print(f"    {policy} moves on the same levels: {with_ci(vbase[policy])}")
         verdict = apart(val, vbase)
