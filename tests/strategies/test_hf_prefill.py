@@ -87,3 +87,20 @@ def test_a_shared_opening_is_encoded_once_and_rows_then_prefill_together(model):
         assert_greedy_matches_a_plain_forward(model, prompt, gen.token_ids, gen.logprobs)
     stats = engine.cache.take_stats()
     assert stats["reused_tokens"] == 3 * 40
+
+
+def test_a_group_of_identical_first_turns_prefills_one_token_each_after_the_first(model):
+    """A GRPO group starts from one prompt: the first row encodes it, the others then take all but its last token
+    from the cache and encode that token together (a one-token forward over padded cached rows)."""
+    model, eos = model
+    prompt = list(range(5, 45))
+    calls: list[tuple[int, int]] = []
+    hook = model.register_forward_pre_hook(lambda m, args, kwargs: calls.append(tuple(kwargs["input_ids"].shape)),
+                                           with_kwargs=True)
+    try:
+        gens = GenerationEngine(model, eos).generate([prompt] * 4, SamplingParams(max_new_tokens=3, temperature=0.0))
+    finally:
+        hook.remove()
+    assert calls[:2] == [(1, 40), (3, 1)]
+    for gen in gens:
+        assert_greedy_matches_a_plain_forward(model, prompt, gen.token_ids, gen.logprobs)
