@@ -24,9 +24,8 @@ from typing import Any
 import torch
 
 from roll.strategies.base import Generation, SamplingParams
-from roll.strategies.hf_prefill import MAX_GROUP_TOKENS, plan_groups, prefill_rows
+from roll.strategies.hf_prefill import KV, MAX_GROUP_TOKENS, plan_groups, prefill_rows, stack_left_padded
 
-KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, heads, tokens, dim]
 # Uncached tokens two joining prompts may share before the later one waits for the earlier one's KV to be cached.
 SHARED_OPENING = 32
 
@@ -328,11 +327,7 @@ class _Batch:
             n = r.kv[0][0].shape[2]
             parts.append((r.kv, torch.ones(1, n, dtype=torch.long, device=r.kv[0][0].device), n))
         width = max(m.shape[1] for _, m, _ in parts)
-        layers: KV = []
-        for li in range(len(parts[0][0])):
-            keys = [_left_pad(kv[li][0], width) for kv, _, _ in parts]
-            values = [_left_pad(kv[li][1], width) for kv, _, _ in parts]
-            layers.append((torch.cat(keys), torch.cat(values)))
+        layers = stack_left_padded([kv for kv, _, _ in parts], width)
         mask = torch.cat([torch.nn.functional.pad(m, (width - m.shape[1], 0)) for _, m, _ in parts])
         lengths = [batch.lengths] if batch is not None else []
         lengths.append(torch.tensor([n for _, _, n in parts if n >= 0], dtype=torch.long, device=mask.device))
@@ -366,7 +361,3 @@ class _Batch:
         cut = self.mask.shape[1] - width  # padding every remaining row has can go
         kv = [(k.index_select(0, index)[:, :, cut:], v.index_select(0, index)[:, :, cut:]) for k, v in self.kv]
         return _Batch(kv, self.mask.index_select(0, index)[:, cut:], self.lengths.index_select(0, index))
-
-
-def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
-    return torch.nn.functional.pad(t, (0, 0, width - t.shape[2], 0))

@@ -73,7 +73,7 @@ def prefill_rows(model: torch.nn.Module, rows: Sequence[tuple[KV | None, torch.T
         positions[i, span - n:] = torch.arange(c, c + n)
     cache = DynamicCache()
     if width:
-        cache = DynamicCache(ddp_cache_data=_padded_past(rows, cached, width))
+        cache = DynamicCache(ddp_cache_data=_padded_past(rows, width))
     out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
                 past_key_values=cache, use_cache=True, logits_to_keep=1)
     layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
@@ -83,19 +83,22 @@ def prefill_rows(model: torch.nn.Module, rows: Sequence[tuple[KV | None, torch.T
     return kvs, out.logits[:, -1]
 
 
-def _padded_past(rows: Sequence[tuple[KV | None, torch.Tensor]], cached: list[int], width: int) -> KV:
-    """The rows' cached KV stacked, each left-padded with zeros to ``width`` tokens."""
+def _padded_past(rows: Sequence[tuple[KV | None, torch.Tensor]], width: int) -> KV:
+    """The rows' cached KV stacked, each left-padded with zeros to ``width`` tokens (a row without any: all zeros)."""
     template = next(kv for kv, _ in rows if kv is not None)
-    layers: KV = []
-    for li, (k0, v0) in enumerate(template):
-        keys, values = [], []
-        for (kv, _), c in zip(rows, cached):
-            k = kv[li][0] if kv is not None else k0[:, :, :0]
-            v = kv[li][1] if kv is not None else v0[:, :, :0]
-            keys.append(torch.nn.functional.pad(k, (0, 0, width - c, 0)))
-            values.append(torch.nn.functional.pad(v, (0, 0, width - c, 0)))
-        layers.append((torch.cat(keys), torch.cat(values)))
-    return layers
+    empty = [(k[:, :, :0], v[:, :, :0]) for k, v in template]
+    return stack_left_padded([kv if kv is not None else empty for kv, _ in rows], width)
+
+
+def stack_left_padded(kvs: Sequence[KV], width: int) -> KV:
+    """Rows' KV stacked along the batch, each left-padded with zeros to ``width`` tokens."""
+    return [(torch.cat([left_pad(kv[li][0], width) for kv in kvs]), torch.cat([left_pad(kv[li][1], width) for kv in kvs]))
+            for li in range(len(kvs[0]))]
+
+
+def left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
+    """[1, heads, tokens, dim] padded with zeros on the left to ``width`` tokens."""
+    return torch.nn.functional.pad(t, (0, 0, width - t.shape[2], 0))
 
 
 def _unpad(t: torch.Tensor, width: int, cached: int, new: int) -> torch.Tensor:
