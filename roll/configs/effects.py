@@ -76,6 +76,9 @@ def inert_settings(cfg: schema.PipelineConfig, rollout_only: bool = False) -> di
                 out[key] = "sequence_length is set; this key only derives it when it is unset"
     for name in ("train_env_manager", "val_env_manager"):
         _inert_fields(getattr(cfg, name), name, out)
+    for tag, entry in cfg.custom_envs.items():
+        if entry.demonstrations_per_episode and entry.num_demonstrations == 0:
+            out[f"custom_envs.{tag}.demonstrations_per_episode"] = "num_demonstrations is 0: there are no examples to draw"
     return out
 
 

@@ -320,11 +320,16 @@ class CustomEnvConfig:
         "backed by a rate-limited service). 0: no limit.", domain=NONNEG)
     num_demonstrations: int = opt(
         0,
-        "Example exchanges the conversation opens with: boards of the env's own kind (fixed seeds, the same in "
-        "every episode) each answered with the env's expert move, as earlier user/assistant turns. They are "
+        "Example exchanges the conversation opens with: boards of the env's own kind (one fixed set, the same in "
+        "every episode, unless demonstrations_per_episode) each answered with the env's expert move, as earlier user/assistant turns. They are "
         "context, never trained on; they show a small model the answer format. Needs an env with an expert "
         "(Sokoban, FrozenLake) and the default answer pattern, or a GEM env, whose examples are answered with "
         "GEM's own random action (a reply in the right format, not a good move).", domain=NONNEG)
+    demonstrations_per_episode: bool = opt(
+        False, "Draw the num_demonstrations example boards from each episode's seed instead of one fixed set: "
+        "conversations then open with different examples (a group's episodes, which share a seed, with the same "
+        "ones), so no move is the last one answered in every conversation. With one fixed set the 135M default "
+        "settled on the move its last example answered (FrozenLake: Up with 3 examples, Right with 4).")
     env_config: dict[str, Any] = opt(
         factory=dict, help="Keyword arguments of the env constructor (dim_room, num_boxes, format_penalty, ...). "
         "GEM envs: GEM's own arguments over the id's registered defaults; dataset_name is a local .jsonl/.json/"

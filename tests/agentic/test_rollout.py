@@ -128,6 +128,38 @@ def test_groups_share_seeds_and_partitions_match(tok):
     assert result.metrics["rollout/FrozenLake/num_actions"] >= 1 and "rollout/SimpleSokoban/success" in result.metrics
 
 
+def _demonstrations_and_first_board(t):
+    """(example boards and replies, the episode's own first board) of a trajectory's conversation."""
+    n = int(t.request.slot.entry.get("num_demonstrations") or 0)
+    pairs = tuple((t.messages[1 + 2 * i]["content"], t.messages[2 + 2 * i]["content"]) for i in range(n))
+    first = t.messages[1 + 2 * n]["content"]
+    return pairs, first[first.index("Turn 1,"):]  # without the instruction that leads the first user message
+
+
+@pytest.mark.parametrize("per_episode", [False, True])
+def test_demonstrations_per_episode_follow_the_episode_seed(tok, per_episode):
+    tags = ["custom_envs.FrozenLake=${custom_env.FrozenLake}", "train_env_manager.tags=[FrozenLake]",
+            "train_env_manager.num_env_groups=6", "train_env_manager.num_groups_partition=[6]",
+            "train_env_manager.group_size=2", "rollout_batch_size=12", "num_demonstrations=3"]
+    cfg = config(*tags, f"demonstrations_per_episode={str(per_episode).lower()}")
+    result = rollout(cfg, tok, ScriptedPolicy(tok, ANSWERS))[0].collect(12, step=0)
+    plain = {t.request.seed: _demonstrations_and_first_board(t)[1]  # the same levels opened without examples
+             for t in rollout(config(*tags, "num_demonstrations=0"), tok, ScriptedPolicy(tok, ANSWERS))[0].collect(12, step=0).trajectories}
+    by_group: dict = {}
+    for t in result.trajectories:
+        pairs, first = _demonstrations_and_first_board(t)
+        assert len(pairs) == 3 and all(reply.startswith("<answer>") for _, reply in pairs)
+        assert first == plain[t.request.seed]  # making the examples did not change the episode's level
+        by_group.setdefault(t.request.slot.group_id, set()).add(pairs)
+    assert all(len(v) == 1 for v in by_group.values())  # a group's episodes share their seed and their examples
+    openings = {next(iter(v)) for v in by_group.values()}
+    if per_episode:
+        assert len(openings) == 6  # each level its own examples
+        assert len({pairs[-1][1] for pairs in openings}) > 1  # the last example's move is not the same everywhere
+    else:
+        assert len(openings) == 1  # one fixed set for the tag
+
+
 def test_step_wise_rows_carry_state_hashes(tok):
     cfg = config("custom_env.SimpleSokoban.env_manager_cls=roll.agentic.env_managers.step.StepEnvManager",
                  "+custom_env.SimpleSokoban.history_window=1", "train_env_manager.group_size=2", "rollout_batch_size=4")

@@ -74,6 +74,12 @@ def test_sections_and_keys_this_run_does_not_use_warn(tmp_path, extra, key, why)
     assert key in loaded.inert and why in loaded.inert[key]
 
 
+def test_examples_per_episode_without_examples_warn(tmp_path):
+    key = "custom_envs.SimpleSokoban.demonstrations_per_episode"
+    assert "no examples to draw" in load(tmp_path, overrides=(f"+{key}=true",)).inert[key]
+    assert key not in load(tmp_path, overrides=(f"+{key}=true", "+custom_envs.SimpleSokoban.num_demonstrations=2")).inert
+
+
 @pytest.mark.parametrize("override, key", [
     ("actor_train.generating_args.temperature=0.5", "actor_train.generating_args.temperature"),
     ("actor_infer.training_args.learning_rate=0.1", "actor_infer.training_args.learning_rate"),

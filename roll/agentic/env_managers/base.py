@@ -14,6 +14,7 @@ import hashlib
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,6 +32,12 @@ GenerateFn = Callable[[str, list[int], SamplingParams], Generation]
 DEFAULT_SYSTEM = "You're a helpful assistant."
 DEFAULT_TEMPLATE = "{observation}"
 DEMONSTRATION_SEED = 1 << 30  # boards of the opening examples; far from the episode seeds a run draws
+
+
+def demonstration_seed(episode_seed: int) -> int:
+    """First board seed of an episode's own examples (demonstrations_per_episode): a hash of its seed, so that
+    neighbouring episode seeds get unrelated boards (and the same seed, in any process, the same ones)."""
+    return DEMONSTRATION_SEED + zlib.crc32(f"demonstrations-{episode_seed}".encode()) % (DEMONSTRATION_SEED - 4096)
 
 
 @dataclass(frozen=True)
@@ -201,11 +208,19 @@ class TrajEnvManager:
         return messages + [{"role": "user", "content": users[-1]}]
 
     def demonstration_pairs(self, slot: EnvSlot, env: Any) -> list[tuple[str, str]]:
-        """The entry's ``num_demonstrations`` (observation, reply) examples, made once per tag. They are made
-        on ``env`` before its episode's reset, so the episode is not affected."""
+        """The entry's ``num_demonstrations`` (observation, reply) examples: one set per tag, or with
+        ``demonstrations_per_episode`` one set per episode seed. They are made on ``env`` before its episode's
+        reset (``run_episode`` asks first), so the episode is not affected."""
         count = int(slot.entry.get("num_demonstrations") or 0)
         if count <= 0:
             return []
+        if slot.entry.get("demonstrations_per_episode"):
+            seed = int(self._observed.episode_seed)
+            cached = getattr(self._observed, "demonstrations", None)
+            if cached is None or cached[0] != (slot.tag, seed):
+                pairs = env.demonstrations(count, seed=demonstration_seed(seed))
+                self._observed.demonstrations = cached = ((slot.tag, seed), pairs)
+            return cached[1]
         if slot.tag not in self._demonstrations:
             self._demonstrations[slot.tag] = env.demonstrations(count, seed=DEMONSTRATION_SEED)
         return self._demonstrations[slot.tag]
@@ -264,6 +279,7 @@ class TrajEnvManager:
         env = self._env(slot)
         max_turns = int(entry.get("max_steps", 10))
         step_cap = int(entry.get("max_tokens_per_step", self.params.max_new_tokens))
+        self._observed.episode_seed = request.seed
         try:
             self.demonstration_pairs(slot, env)  # before reset: making them resets the env
         except Exception as e:  # the env's own expert and boards
