@@ -38,6 +38,9 @@ LEVERS: dict[str, list[str]] = {
     # a KL anchor to the starting policy
     "kl": ["use_kl_loss=true", "kl_loss_coef=0.05", "+reference.device_mapping=[0]",
            "+reference.strategy_args.strategy_name=hf_infer", "+reference.model_args.dtype=bf16"],
+    # every move shown in the opening examples, drawn from each episode's seed (one fixed set ends every
+    # conversation with the same answer, which the 135M policy then repeats)
+    "examples_per_episode": ["num_demonstrations=4", "demonstrations_per_episode=true"],
     # the second env: FrozenLake (its random baseline is low)
     "frozen_lake": ["--config_name", "agentic_frozen_lake"],
 }
