@@ -1,5 +1,9 @@
 """Grid-world text envs: a configurable symbol per cell code (grid_lookup) and a vocabulary that
-tells the model what each symbol means (grid_vocab), so a different grid vocabulary is a config change."""
+tells the model what each symbol means (grid_vocab), so a different grid vocabulary is a config change.
+
+``cell_separator`` goes between the cells of a row. With none (ROLL's boards), a BPE tokenizer merges runs of
+cells into one token (SmolLM2 reads ``__PO`` as ``__`` + ``PO``), so a column is not a token position; a space
+makes every cell its own token."""
 
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ class GridTextEnv(TextEnv):
     default_grid_vocab: ClassVar[dict[str, str]]  # default symbol -> meaning
     colors: ClassVar[dict[int, tuple[int, int, int]]]  # cell code -> RGB for pictures
 
-    def __init__(self, *, grid_lookup: Mapping[Any, str] | None = None, grid_vocab: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, grid_lookup: Mapping[Any, str] | None = None, grid_vocab: Mapping[str, str] | None = None,
+                 cell_separator: str = "", **kwargs: Any) -> None:
         codes = len(self.default_grid_lookup)
         self.grid_lookup = {int(k): str(v) for k, v in (grid_lookup or self.default_grid_lookup).items()}
         if sorted(self.grid_lookup) != list(range(codes)) or len(set(self.grid_lookup.values())) != codes:
@@ -24,7 +29,10 @@ class GridTextEnv(TextEnv):
         self.grid_vocab = dict(grid_vocab) if grid_vocab else {
             self.grid_lookup[code]: self.default_grid_vocab[symbol] for code, symbol in self.default_grid_lookup.items()
         }
-        self.extra_chars = "".join(self.grid_lookup.values())
+        if not isinstance(cell_separator, str) or "\n" in cell_separator or set(cell_separator) & set("".join(self.grid_lookup.values())):
+            raise ValueError(f"cell_separator must be a string without newlines or grid symbols, got {cell_separator!r}")
+        self.cell_separator = cell_separator
+        self.extra_chars = "".join(self.grid_lookup.values()) + cell_separator
         self._symbol_to_code = {v: k for k, v in self.grid_lookup.items()}
         super().__init__(**kwargs)
 
@@ -34,11 +42,12 @@ class GridTextEnv(TextEnv):
 
     def render_text(self) -> str:
         lookup = self.grid_lookup
-        return "\n".join("".join(lookup[c] for c in row) for row in self.codes())
+        return "\n".join(self.cell_separator.join(lookup[c] for c in row) for row in self.codes())
 
     def parse_text(self, text: str) -> list[list[int]]:
         """The grid of cell codes a rendered text shows (inverse of render_text)."""
-        return [[self._symbol_to_code[ch] for ch in line] for line in text.split("\n")]
+        sep = self.cell_separator
+        return [[self._symbol_to_code[ch] for ch in (line.split(sep) if sep else line)] for line in text.split("\n")]
 
     def symbol_legend(self) -> str:
         return ", ".join(f"{s}: {m}" for s, m in self.grid_vocab.items())

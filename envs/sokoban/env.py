@@ -67,12 +67,13 @@ class SokobanEnv(GridTextEnv):
         search_depth: int = 100,
         grid_lookup: Mapping[Any, str] | None = None,
         grid_vocab: Mapping[str, str] | None = None,
+        cell_separator: str = "",
         action_pattern: str = DEFAULT_ACTION_PATTERN,
         format_penalty: float = 0.0,
         blocked_move_penalty: float = 0.0,
         render_mode: str | None = None,
     ) -> None:
-        super().__init__(grid_lookup=grid_lookup, grid_vocab=grid_vocab, action_pattern=action_pattern,
+        super().__init__(grid_lookup=grid_lookup, grid_vocab=grid_vocab, cell_separator=cell_separator, action_pattern=action_pattern,
                          format_penalty=format_penalty, max_steps=max_steps, render_mode=render_mode)
         self.dim_room = (int(dim_room[0]), int(dim_room[1]))
         self.num_boxes = int(num_boxes)

@@ -160,6 +160,27 @@ def test_demonstrations_per_episode_follow_the_episode_seed(tok, per_episode):
         assert len(openings) == 1  # one fixed set for the tag
 
 
+def _boards(t):
+    """Every board the conversation shows (examples and the episode's turns), as lists of rows."""
+    return [m["content"].split("The board:\n")[1].split("\nWhich move")[0].split("\n")
+            for m in t.messages if m["role"] == "user"]
+
+
+@pytest.mark.parametrize("tag", ["FrozenLake", "SimpleSokoban"])
+def test_grid_cell_separator_reaches_every_board_the_model_reads(tok, tag):
+    tags = [f"custom_envs.{tag}=${{custom_env.{tag}}}", f"train_env_manager.tags=[{tag}]", "num_demonstrations=2"]
+    plain = {t.request.seed: _boards(t) for t in rollout(config(*tags), tok, ScriptedPolicy(tok, ANSWERS))[0].collect(8, step=0).trajectories}
+    spaced = rollout(config(*tags, "grid_cell_separator=' '"), tok, ScriptedPolicy(tok, ANSWERS))[0].collect(8, step=0)
+    for t in spaced.trajectories:
+        boards = _boards(t)
+        assert len(boards) >= 3  # two examples and the episode's first turn at least
+        for board, same in zip(boards[:3], plain[t.request.seed][:3]):  # the two examples and the first turn
+            assert [row.split(" ") for row in board] == [list(row) for row in same]
+        height, width = len(boards[0]), len(boards[0][0].split(" "))
+        for board in boards[3:]:  # later turns: the board after a move, a blocked move or an invalid reply
+            assert all([len(c) for c in row.split(" ")] == [1] * width for row in board[-height:])
+
+
 def test_step_wise_rows_carry_state_hashes(tok):
     cfg = config("custom_env.SimpleSokoban.env_manager_cls=roll.agentic.env_managers.step.StepEnvManager",
                  "+custom_env.SimpleSokoban.history_window=1", "train_env_manager.group_size=2", "rollout_batch_size=4")
