@@ -41,6 +41,8 @@ LEVERS: dict[str, list[str]] = {
     # every move shown in the opening examples, drawn from each episode's seed (one fixed set ends every
     # conversation with the same answer, which the 135M policy then repeats)
     "examples_per_episode": ["num_demonstrations=4", "demonstrations_per_episode=true"],
+    # a space between a board row's cells, so that each cell is one token (SmolLM2 merges runs of cells)
+    "cell_separator": ["grid_cell_separator=' '"],
     # the second env: FrozenLake (its random baseline is low)
     "frozen_lake": ["--config_name", "agentic_frozen_lake"],
 }
