@@ -95,6 +95,8 @@ class FrozenLakeEnv(GridTextEnv):
     default_grid_lookup = DEFAULT_GRID_LOOKUP
     default_grid_vocab = DEFAULT_GRID_VOCAB
     colors = _COLORS
+    position_codes = {"you": (PLAYER, PLAYER_IN_HOLE, PLAYER_ON_GOAL), "goal": (GOAL_CODE, PLAYER_ON_GOAL),
+                      "holes": (HOLE_CODE, PLAYER_IN_HOLE)}
 
     def __init__(
         self,
@@ -106,11 +108,13 @@ class FrozenLakeEnv(GridTextEnv):
         grid_lookup: Mapping[Any, str] | None = None,
         grid_vocab: Mapping[str, str] | None = None,
         cell_separator: str = "",
+        describe_positions: bool = False,
         action_pattern: str = DEFAULT_ACTION_PATTERN,
         format_penalty: float = 0.0,
         render_mode: str | None = None,
     ) -> None:
-        super().__init__(grid_lookup=grid_lookup, grid_vocab=grid_vocab, cell_separator=cell_separator, action_pattern=action_pattern,
+        super().__init__(grid_lookup=grid_lookup, grid_vocab=grid_vocab, cell_separator=cell_separator,
+                         describe_positions=describe_positions, action_pattern=action_pattern,
                          format_penalty=format_penalty, max_steps=max_steps, render_mode=render_mode)
         self.size, self.p, self.is_slippery = int(size), float(p), bool(is_slippery)
         self.fixed_map = list(map_desc) if map_desc else None
@@ -159,7 +163,7 @@ class FrozenLakeEnv(GridTextEnv):
         slip = " The ice is slippery, so a move may carry you sideways instead." if self.is_slippery else ""
         return (
             "FrozenLake. Walk across the ice from where you stand to the goal; stepping onto a hole ends the game."
-            f"{slip}\nSymbols: {self.symbol_legend()}.\n"
+            f"{slip}\nSymbols: {self.symbol_legend()}.{self.positions_note()}\n"
             f"Moves: {', '.join(ACTIONS)}. Reply with one move in answer tags, like <answer>Left</answer>."
         )
 

@@ -3,7 +3,10 @@ tells the model what each symbol means (grid_vocab), so a different grid vocabul
 
 ``cell_separator`` goes between the cells of a row. With none (ROLL's boards), a BPE tokenizer merges runs of
 cells into one token (SmolLM2 reads ``__PO`` as ``__`` + ``PO``), so a column is not a token position; a space
-makes every cell its own token."""
+makes every cell its own token.
+
+``describe_positions`` adds one line under the board naming where the player and the env's key cells stand as
+(row, column) pairs counted from 1 at the top left, so a model need not count cells to know where it is."""
 
 from __future__ import annotations
 
@@ -19,9 +22,10 @@ class GridTextEnv(TextEnv):
     default_grid_lookup: ClassVar[dict[int, str]]  # cell code -> symbol
     default_grid_vocab: ClassVar[dict[str, str]]  # default symbol -> meaning
     colors: ClassVar[dict[int, tuple[int, int, int]]]  # cell code -> RGB for pictures
+    position_codes: ClassVar[dict[str, tuple[int, ...]]]  # name in the positions line -> codes of cells holding it
 
     def __init__(self, *, grid_lookup: Mapping[Any, str] | None = None, grid_vocab: Mapping[str, str] | None = None,
-                 cell_separator: str = "", **kwargs: Any) -> None:
+                 cell_separator: str = "", describe_positions: bool = False, **kwargs: Any) -> None:
         codes = len(self.default_grid_lookup)
         self.grid_lookup = {int(k): str(v) for k, v in (grid_lookup or self.default_grid_lookup).items()}
         if sorted(self.grid_lookup) != list(range(codes)) or len(set(self.grid_lookup.values())) != codes:
@@ -32,6 +36,9 @@ class GridTextEnv(TextEnv):
         if not isinstance(cell_separator, str) or "\n" in cell_separator or set(cell_separator) & set("".join(self.grid_lookup.values())):
             raise ValueError(f"cell_separator must be a string without newlines or grid symbols, got {cell_separator!r}")
         self.cell_separator = cell_separator
+        if not isinstance(describe_positions, bool):
+            raise ValueError(f"describe_positions must be true or false, got {describe_positions!r}")
+        self.describe_positions = describe_positions
         self.extra_chars = "".join(self.grid_lookup.values()) + cell_separator
         self._symbol_to_code = {v: k for k, v in self.grid_lookup.items()}
         super().__init__(**kwargs)
@@ -41,13 +48,22 @@ class GridTextEnv(TextEnv):
         raise NotImplementedError
 
     def render_text(self) -> str:
-        lookup = self.grid_lookup
-        return "\n".join(self.cell_separator.join(lookup[c] for c in row) for row in self.codes())
+        lookup, grid = self.grid_lookup, self.codes()
+        board = "\n".join(self.cell_separator.join(lookup[c] for c in row) for row in grid)
+        return f"{board}\n{positions_line(grid, self.position_codes)}" if self.describe_positions else board
 
     def parse_text(self, text: str) -> list[list[int]]:
         """The grid of cell codes a rendered text shows (inverse of render_text)."""
-        sep = self.cell_separator
-        return [[self._symbol_to_code[ch] for ch in (line.split(sep) if sep else line)] for line in text.split("\n")]
+        sep, lines = self.cell_separator, text.split("\n")
+        if self.describe_positions:
+            lines = lines[:-1]
+        return [[self._symbol_to_code[ch] for ch in (line.split(sep) if sep else line)] for line in lines]
+
+    def positions_note(self) -> str:
+        """The instruction's sentence about the positions line ("" without one)."""
+        if not self.describe_positions:
+            return ""
+        return "\nUnder each board a line lists positions as (row, column), counting from (1, 1) at the top left."
 
     def symbol_legend(self) -> str:
         return ", ".join(f"{s}: {m}" for s, m in self.grid_vocab.items())
@@ -55,3 +71,12 @@ class GridTextEnv(TextEnv):
     def render_rgb(self, tile: int = 16) -> np.ndarray:
         palette = np.array([self.colors[c] for c in range(len(self.colors))], dtype=np.uint8)
         return np.kron(palette[np.asarray(self.codes())], np.ones((tile, tile, 1), dtype=np.uint8))
+
+
+def positions_line(grid: list[list[int]], position_codes: Mapping[str, tuple[int, ...]]) -> str:
+    """Where each named thing stands, e.g. ``Positions (row, column): you (1, 2); goal (4, 4); holes (2, 3), (3, 1).``"""
+    parts = []
+    for name, codes in position_codes.items():
+        cells = [f"({r + 1}, {c + 1})" for r, row in enumerate(grid) for c, code in enumerate(row) if code in codes]
+        parts.append(f"{name} {', '.join(cells) if cells else 'none'}")
+    return f"Positions (row, column): {'; '.join(parts)}."

@@ -57,6 +57,8 @@ class SokobanEnv(GridTextEnv):
     default_grid_lookup = DEFAULT_GRID_LOOKUP
     default_grid_vocab = DEFAULT_GRID_VOCAB
     colors = _COLORS
+    position_codes = {"you": (PLAYER, PLAYER_ON_TARGET), "boxes": (BOX, BOX_ON_TARGET),
+                      "targets": (TARGET, BOX_ON_TARGET, PLAYER_ON_TARGET)}
     metric_aggregation: ClassVar[dict[str, str]] = {**TextEnv.metric_aggregation, "boxes_on_target": "last"}
 
     def __init__(
@@ -68,12 +70,14 @@ class SokobanEnv(GridTextEnv):
         grid_lookup: Mapping[Any, str] | None = None,
         grid_vocab: Mapping[str, str] | None = None,
         cell_separator: str = "",
+        describe_positions: bool = False,
         action_pattern: str = DEFAULT_ACTION_PATTERN,
         format_penalty: float = 0.0,
         blocked_move_penalty: float = 0.0,
         render_mode: str | None = None,
     ) -> None:
-        super().__init__(grid_lookup=grid_lookup, grid_vocab=grid_vocab, cell_separator=cell_separator, action_pattern=action_pattern,
+        super().__init__(grid_lookup=grid_lookup, grid_vocab=grid_vocab, cell_separator=cell_separator,
+                         describe_positions=describe_positions, action_pattern=action_pattern,
                          format_penalty=format_penalty, max_steps=max_steps, render_mode=render_mode)
         self.dim_room = (int(dim_room[0]), int(dim_room[1]))
         self.num_boxes = int(num_boxes)
@@ -144,7 +148,7 @@ class SokobanEnv(GridTextEnv):
             "Sokoban. You are the player on a grid seen from above. Step into a box to shove it one cell "
             "further the same way; a box never moves by pulling, and neither you nor a box passes a wall. "
             "Get every box onto a target to win.\n"
-            f"Symbols: {self.symbol_legend()}.\n"
+            f"Symbols: {self.symbol_legend()}.{self.positions_note()}\n"
             f"Moves: {', '.join(ACTIONS)}. Reply with one move in answer tags, like <answer>Up</answer>."
         )
 

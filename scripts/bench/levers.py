@@ -43,6 +43,8 @@ LEVERS: dict[str, list[str]] = {
     "examples_per_episode": ["num_demonstrations=4", "demonstrations_per_episode=true"],
     # a space between a board row's cells, so that each cell is one token (SmolLM2 merges runs of cells)
     "cell_separator": ["grid_cell_separator=' '"],
+    # a line under each board with the (row, column) of the player and the key cells, so no counting is needed
+    "describe_positions": ["grid_describe_positions=true"],
     # the second env: FrozenLake (its random baseline is low)
     "frozen_lake": ["--config_name", "agentic_frozen_lake"],
 }

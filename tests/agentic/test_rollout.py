@@ -181,6 +181,24 @@ def test_grid_cell_separator_reaches_every_board_the_model_reads(tok, tag):
             assert all([len(c) for c in row.split(" ")] == [1] * width for row in board[-height:])
 
 
+@pytest.mark.parametrize("tag, player", [("FrozenLake", "PX√"), ("SimpleSokoban", "PS")])
+def test_grid_describe_positions_reaches_every_board_the_model_reads(tok, tag, player):
+    tags = [f"custom_envs.{tag}=${{custom_env.{tag}}}", f"train_env_manager.tags=[{tag}]", "num_demonstrations=2"]
+    plain = {t.request.seed: _boards(t) for t in rollout(config(*tags), tok, ScriptedPolicy(tok, ANSWERS))[0].collect(8, step=0).trajectories}
+    described = rollout(config(*tags, "grid_describe_positions=true"), tok, ScriptedPolicy(tok, ANSWERS))[0].collect(8, step=0)
+    for t in described.trajectories:
+        assert "(row, column), counting from (1, 1)" in t.messages[0]["content"] + t.messages[1]["content"]
+        boards = _boards(t)
+        assert len(boards) >= 3  # two examples and the episode's first turn at least
+        height = len(plain[t.request.seed][0])
+        for i, board in enumerate(boards):
+            rows, line = board[-height - 1:-1], board[-1]
+            if i < 3:  # the two examples and the first turn: the plain run's board, and the line under it
+                assert rows == plain[t.request.seed][i]
+            r, c = next((r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in player)
+            assert line.startswith(f"Positions (row, column): you ({r + 1}, {c + 1}); ")
+
+
 def test_step_wise_rows_carry_state_hashes(tok):
     cfg = config("custom_env.SimpleSokoban.env_manager_cls=roll.agentic.env_managers.step.StepEnvManager",
                  "+custom_env.SimpleSokoban.history_window=1", "train_env_manager.group_size=2", "rollout_batch_size=4")

@@ -94,6 +94,7 @@ MEANINGS = [
     ("custom_env.SimpleSokoban.env_config.search_depth=1e12", "custom_envs.SimpleSokoban.env_config"),
     ("sokoban_blocked_move_penalty=nan", "custom_envs.SimpleSokoban.env_config"),
     ("grid_cell_separator=_", "custom_envs.SimpleSokoban.env_config"),  # a symbol: the board would not parse back
+    ("grid_describe_positions=maybe", "custom_envs.SimpleSokoban.env_config"),
     ("output_dir=/proc/roll_out", "output_dir"),
 ]
 
