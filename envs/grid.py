@@ -74,9 +74,9 @@ class GridTextEnv(TextEnv):
 
 
 def positions_line(grid: list[list[int]], position_codes: Mapping[str, tuple[int, ...]]) -> str:
-    """Where each named thing stands, e.g. ``Positions (row, column): you (1, 2); goal (4, 4); holes (2, 3), (3, 1).``"""
+    """Where each named thing stands, e.g. ``Positions: you (1, 2); boxes (2, 3), (3, 3); targets (4, 4), (4, 5).``"""
     parts = []
     for name, codes in position_codes.items():
         cells = [f"({r + 1}, {c + 1})" for r, row in enumerate(grid) for c, code in enumerate(row) if code in codes]
         parts.append(f"{name} {', '.join(cells) if cells else 'none'}")
-    return f"Positions (row, column): {'; '.join(parts)}."
+    return f"Positions: {'; '.join(parts)}."

@@ -196,7 +196,7 @@ def test_grid_describe_positions_reaches_every_board_the_model_reads(tok, tag, p
             if i < 3:  # the two examples and the first turn: the plain run's board, and the line under it
                 assert rows == plain[t.request.seed][i]
             r, c = next((r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in player)
-            assert line.startswith(f"Positions (row, column): you ({r + 1}, {c + 1}); ")
+            assert line.startswith(f"Positions: you ({r + 1}, {c + 1}); ")
 
 
 def test_step_wise_rows_carry_state_hashes(tok):

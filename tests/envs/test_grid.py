@@ -35,16 +35,16 @@ def test_separators_that_would_break_the_board_are_refused(name, sep):
         ENVS[name](cell_separator=sep)
 
 
-def test_the_positions_line_names_player_goal_and_holes_by_hand():
+def test_the_positions_line_names_player_and_goal_by_hand():
     env = FrozenLakeEnv(map_desc=["SFFH", "FHFF", "FFFF", "HFFG"], max_steps=5, describe_positions=True)
     obs, info = env.reset(seed=0)
-    assert obs == "P__O\n_O__\n____\nO__G\nPositions (row, column): you (1, 1); goal (4, 4); holes (1, 4), (2, 2), (4, 1)."
+    assert obs == "P__O\n_O__\n____\nO__G\nPositions: you (1, 1); goal (4, 4)."
     assert "(row, column), counting from (1, 1) at the top left" in info["env_instruction"]
     assert env.parse_text(obs) == env.codes()
     obs, *_ = env.step("<answer>Down</answer>")
-    assert obs.endswith("you (2, 1); goal (4, 4); holes (1, 4), (2, 2), (4, 1).")
+    assert obs.endswith("\nPositions: you (2, 1); goal (4, 4).")
     obs, *_ = env.step("<answer>Right</answer>")  # into the hole at (2, 2): the player stands in it
-    assert obs.endswith("you (2, 2); goal (4, 4); holes (1, 4), (2, 2), (4, 1).")
+    assert obs.endswith("\nPositions: you (2, 2); goal (4, 4).")
     plain = FrozenLakeEnv(map_desc=["SFFH", "FHFF", "FFFF", "HFFG"], max_steps=5)
     assert plain.reset(seed=0)[0] == "P__O\n_O__\n____\nO__G"  # off by default: ROLL's board
     assert "(row, column)" not in plain.instruction()
@@ -55,13 +55,13 @@ def test_the_positions_line_names_player_boxes_and_targets_by_hand():
 
     env = SokobanEnv(max_steps=20, describe_positions=True, cell_separator=" ")
     obs, _ = env.reset(seed=0, options={"level": _level(["#######", "#P_X_O#", "#_X__O#", "#######"])})
-    assert obs.split("\n")[-1] == "Positions (row, column): you (2, 2); boxes (2, 4), (3, 3); targets (2, 6), (3, 6)."
+    assert obs.split("\n")[-1] == "Positions: you (2, 2); boxes (2, 4), (3, 3); targets (2, 6), (3, 6)."
     assert env.parse_text(obs) == env.codes()
     for _ in range(3):  # push the first box onto its target; the player ends next to it
         obs, *_ = env.step("<answer>Right</answer>")
-    assert obs.split("\n")[-1] == "Positions (row, column): you (2, 5); boxes (2, 6), (3, 3); targets (2, 6), (3, 6)."
+    assert obs.split("\n")[-1] == "Positions: you (2, 5); boxes (2, 6), (3, 3); targets (2, 6), (3, 6)."
     obs, *_ = env.step("<answer>Up</answer>")  # into the wall: the blocked board keeps the line
-    assert obs.split("\n")[-1].startswith("Positions (row, column): you (2, 5);")
+    assert obs.split("\n")[-1].startswith("Positions: you (2, 5);")
 
 
 @pytest.mark.parametrize("name", ENVS)
