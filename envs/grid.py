@@ -38,6 +38,8 @@ class GridTextEnv(TextEnv):
         self.cell_separator = cell_separator
         if not isinstance(describe_positions, bool):
             raise ValueError(f"describe_positions must be true or false, got {describe_positions!r}")
+        if describe_positions and not getattr(self, "position_codes", None):
+            raise ValueError(f"describe_positions: {type(self).__name__} names no position_codes to describe")
         self.describe_positions = describe_positions
         self.extra_chars = "".join(self.grid_lookup.values()) + cell_separator
         self._symbol_to_code = {v: k for k, v in self.grid_lookup.items()}

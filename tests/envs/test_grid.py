@@ -69,3 +69,12 @@ def test_the_positions_line_names_player_boxes_and_targets_by_hand():
 def test_describe_positions_must_be_a_bool(name, value):
     with pytest.raises(ValueError, match="describe_positions"):
         ENVS[name](describe_positions=value)
+
+
+def test_describe_positions_needs_position_codes():
+    class Plain(FrozenLakeEnv):
+        position_codes = {}
+
+    Plain(max_steps=5)  # off: nothing to name, nothing asked
+    with pytest.raises(ValueError, match="Plain names no position_codes"):
+        Plain(max_steps=5, describe_positions=True)
