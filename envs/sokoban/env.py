@@ -71,13 +71,15 @@ class SokobanEnv(GridTextEnv):
         grid_vocab: Mapping[str, str] | None = None,
         cell_separator: str = "",
         describe_positions: bool = False,
+        describe_offsets: bool = False,
         action_pattern: str = DEFAULT_ACTION_PATTERN,
         format_penalty: float = 0.0,
         blocked_move_penalty: float = 0.0,
         render_mode: str | None = None,
     ) -> None:
         super().__init__(grid_lookup=grid_lookup, grid_vocab=grid_vocab, cell_separator=cell_separator,
-                         describe_positions=describe_positions, action_pattern=action_pattern,
+                         describe_positions=describe_positions, describe_offsets=describe_offsets,
+                         action_pattern=action_pattern,
                          format_penalty=format_penalty, max_steps=max_steps, render_mode=render_mode)
         self.dim_room = (int(dim_room[0]), int(dim_room[1]))
         self.num_boxes = int(num_boxes)

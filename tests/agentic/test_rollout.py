@@ -199,6 +199,25 @@ def test_grid_describe_positions_reaches_every_board_the_model_reads(tok, tag, p
             assert line.startswith(f"Positions: you ({r + 1}, {c + 1}); ")
 
 
+def test_grid_describe_offsets_reaches_every_board_the_model_reads(tok):
+    tags = ["custom_envs.FrozenLake=${custom_env.FrozenLake}", "train_env_manager.tags=[FrozenLake]", "num_demonstrations=2"]
+    plain = {t.request.seed: _boards(t) for t in rollout(config(*tags), tok, ScriptedPolicy(tok, ANSWERS))[0].collect(8, step=0).trajectories}
+    described = rollout(config(*tags, "grid_describe_offsets=true"), tok, ScriptedPolicy(tok, ANSWERS))[0].collect(8, step=0)
+    for t in described.trajectories:
+        assert "columns left or right things are from you" in t.messages[0]["content"] + t.messages[1]["content"]
+        boards = _boards(t)
+        assert len(boards) >= 3  # two examples and the episode's first turn at least
+        for i, board in enumerate(boards):
+            rows, line = board[:-1], board[-1]
+            if i < 3:  # the two examples and the first turn: the plain run's board, and the line under it
+                assert rows == plain[t.request.seed][i]
+            (pr, pc), = [(r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in "PX√"]
+            (gr, gc), = [(r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in "G√"]
+            said = ([f"{abs(gr - pr)} {'down' if gr > pr else 'up'}"] if gr != pr else []) + (
+                [f"{abs(gc - pc)} {'right' if gc > pc else 'left'}"] if gc != pc else [])
+            assert line == f"From you: goal {', '.join(said) or 'here'}."
+
+
 def test_step_wise_rows_carry_state_hashes(tok):
     cfg = config("custom_env.SimpleSokoban.env_manager_cls=roll.agentic.env_managers.step.StepEnvManager",
                  "+custom_env.SimpleSokoban.history_window=1", "train_env_manager.group_size=2", "rollout_batch_size=4")

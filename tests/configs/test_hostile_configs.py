@@ -95,6 +95,7 @@ MEANINGS = [
     ("sokoban_blocked_move_penalty=nan", "custom_envs.SimpleSokoban.env_config"),
     ("grid_cell_separator=_", "custom_envs.SimpleSokoban.env_config"),  # a symbol: the board would not parse back
     ("grid_describe_positions=maybe", "custom_envs.SimpleSokoban.env_config"),
+    ("grid_describe_offsets=2", "custom_envs.SimpleSokoban.env_config"),
     ("output_dir=/proc/roll_out", "output_dir"),
 ]
 

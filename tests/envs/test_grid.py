@@ -76,5 +76,49 @@ def test_describe_positions_needs_position_codes():
         position_codes = {}
 
     Plain(max_steps=5)  # off: nothing to name, nothing asked
-    with pytest.raises(ValueError, match="Plain names no position_codes"):
-        Plain(max_steps=5, describe_positions=True)
+    for key in ("describe_positions", "describe_offsets"):
+        with pytest.raises(ValueError, match=f"{key}: Plain names no position_codes"):
+            Plain(max_steps=5, **{key: True})
+
+
+def test_the_offsets_line_says_how_far_the_goal_is_by_hand():
+    env = FrozenLakeEnv(map_desc=["FFFH", "FHSF", "FFFF", "GFFF"], max_steps=5, describe_offsets=True)
+    obs, info = env.reset(seed=0)
+    assert obs == "___O\n_OP_\n____\nG___\nFrom you: goal 2 down, 2 left."
+    assert "how many rows up or down and columns left or right" in info["env_instruction"]
+    assert "(row, column)" not in info["env_instruction"]  # the positions sentence is the other key's
+    assert env.parse_text(obs) == env.codes()
+    obs, *_ = env.step("<answer>Up</answer>")
+    assert obs.endswith("\nFrom you: goal 3 down, 2 left.")
+    for move, line in [("Left", "goal 3 down, 1 left"), ("Left", "goal 3 down"), ("Left", "goal 3 down"),
+                       ("Down", "goal 2 down")]:  # the third Left is into the edge: nothing changes
+        obs, *_ = env.step(f"<answer>{move}</answer>")
+        assert obs.endswith(f"\nFrom you: {line}.")
+    both = FrozenLakeEnv(map_desc=["SFFF", "FFFF", "FFFF", "FFFG"], max_steps=5, describe_positions=True,
+                         describe_offsets=True)
+    obs, _ = both.reset(seed=0)
+    assert obs.split("\n")[-2:] == ["Positions: you (1, 1); goal (4, 4).", "From you: goal 3 down, 3 right."]
+    assert both.parse_text(obs) == both.codes()
+    # the same column: one part only; on the goal: here
+    line = FrozenLakeEnv(map_desc=["SF", "GF"], max_steps=5, describe_offsets=True)
+    assert line.reset(seed=0)[0].endswith("\nFrom you: goal 1 down.")
+    assert line.step("<answer>Down</answer>")[0].endswith("\nFrom you: goal here.")
+
+
+def test_the_offsets_line_names_boxes_and_targets_by_hand():
+    from tests.envs.test_sokoban import _level
+
+    env = SokobanEnv(max_steps=20, describe_offsets=True)
+    obs, _ = env.reset(seed=0, options={"level": _level(["#######", "#P_X_O#", "#_X__O#", "#######"])})
+    assert obs.split("\n")[-1] == "From you: boxes 2 right and 1 down, 1 right; targets 4 right and 1 down, 4 right."
+    assert env.parse_text(obs) == env.codes()
+    for _ in range(3):  # the first box onto its target
+        obs, *_ = env.step("<answer>Right</answer>")
+    assert obs.split("\n")[-1] == "From you: boxes 1 right and 1 down, 2 left; targets 1 right and 1 down, 1 right."
+
+
+@pytest.mark.parametrize("name", ENVS)
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_describe_offsets_must_be_a_bool(name, value):
+    with pytest.raises(ValueError, match="describe_offsets must be true or false"):
+        ENVS[name](describe_offsets=value)
