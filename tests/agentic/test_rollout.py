@@ -181,13 +181,37 @@ def test_grid_cell_separator_reaches_every_board_the_model_reads(tok, tag):
             assert all([len(c) for c in row.split(" ")] == [1] * width for row in board[-height:])
 
 
-@pytest.mark.parametrize("tag, player", [("FrozenLake", "PX√"), ("SimpleSokoban", "PS")])
-def test_grid_describe_positions_reaches_every_board_the_model_reads(tok, tag, player):
+def _cell(rows, symbols):
+    """The (row, column) of the one cell showing one of ``symbols``."""
+    (cell,) = [(r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in symbols]
+    return cell
+
+
+def _positions_prefix(rows, player):
+    r, c = _cell(rows, player)
+    return f"Positions: you ({r + 1}, {c + 1}); "
+
+
+def _goal_offsets(rows, player):
+    (pr, pc), (gr, gc) = _cell(rows, player), _cell(rows, "G√")
+    said = ([f"{abs(gr - pr)} {'down' if gr > pr else 'up'}"] if gr != pr else []) + (
+        [f"{abs(gc - pc)} {'right' if gc > pc else 'left'}"] if gc != pc else [])
+    return f"From you: goal {', '.join(said) or 'here'}."
+
+
+POSITIONS = ("grid_describe_positions", "(row, column), counting from (1, 1)", _positions_prefix, False)
+# the whole offsets line for FrozenLake's goal; Sokoban's (boxes, targets) is checked by hand in tests/envs/test_grid.py
+OFFSETS = ("grid_describe_offsets", "columns left or right things are from you", _goal_offsets, True)
+
+
+@pytest.mark.parametrize("tag, player, key, sentence, expected, full", [
+    ("FrozenLake", "PX√", *POSITIONS), ("SimpleSokoban", "PS", *POSITIONS), ("FrozenLake", "PX√", *OFFSETS)])
+def test_grid_board_lines_reach_every_board_the_model_reads(tok, tag, player, key, sentence, expected, full):
     tags = [f"custom_envs.{tag}=${{custom_env.{tag}}}", f"train_env_manager.tags=[{tag}]", "num_demonstrations=2"]
     plain = {t.request.seed: _boards(t) for t in rollout(config(*tags), tok, ScriptedPolicy(tok, ANSWERS))[0].collect(8, step=0).trajectories}
-    described = rollout(config(*tags, "grid_describe_positions=true"), tok, ScriptedPolicy(tok, ANSWERS))[0].collect(8, step=0)
+    described = rollout(config(*tags, f"{key}=true"), tok, ScriptedPolicy(tok, ANSWERS))[0].collect(8, step=0)
     for t in described.trajectories:
-        assert "(row, column), counting from (1, 1)" in t.messages[0]["content"] + t.messages[1]["content"]
+        assert sentence in t.messages[0]["content"] + t.messages[1]["content"]
         boards = _boards(t)
         assert len(boards) >= 3  # two examples and the episode's first turn at least
         height = len(plain[t.request.seed][0])
@@ -195,27 +219,10 @@ def test_grid_describe_positions_reaches_every_board_the_model_reads(tok, tag, p
             rows, line = board[-height - 1:-1], board[-1]
             if i < 3:  # the two examples and the first turn: the plain run's board, and the line under it
                 assert rows == plain[t.request.seed][i]
-            r, c = next((r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in player)
-            assert line.startswith(f"Positions: you ({r + 1}, {c + 1}); ")
-
-
-def test_grid_describe_offsets_reaches_every_board_the_model_reads(tok):
-    tags = ["custom_envs.FrozenLake=${custom_env.FrozenLake}", "train_env_manager.tags=[FrozenLake]", "num_demonstrations=2"]
-    plain = {t.request.seed: _boards(t) for t in rollout(config(*tags), tok, ScriptedPolicy(tok, ANSWERS))[0].collect(8, step=0).trajectories}
-    described = rollout(config(*tags, "grid_describe_offsets=true"), tok, ScriptedPolicy(tok, ANSWERS))[0].collect(8, step=0)
-    for t in described.trajectories:
-        assert "columns left or right things are from you" in t.messages[0]["content"] + t.messages[1]["content"]
-        boards = _boards(t)
-        assert len(boards) >= 3  # two examples and the episode's first turn at least
-        for i, board in enumerate(boards):
-            rows, line = board[:-1], board[-1]
-            if i < 3:  # the two examples and the first turn: the plain run's board, and the line under it
-                assert rows == plain[t.request.seed][i]
-            (pr, pc), = [(r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in "PX√"]
-            (gr, gc), = [(r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in "G√"]
-            said = ([f"{abs(gr - pr)} {'down' if gr > pr else 'up'}"] if gr != pr else []) + (
-                [f"{abs(gc - pc)} {'right' if gc > pc else 'left'}"] if gc != pc else [])
-            assert line == f"From you: goal {', '.join(said) or 'here'}."
+            if full:
+                assert line == expected(rows, player)
+            else:
+                assert line.startswith(expected(rows, player))
 
 
 def test_step_wise_rows_carry_state_hashes(tok):
