@@ -25,7 +25,8 @@ def config(*overrides):
     base = ["rollout_batch_size=8", "val_batch_size=4", "train_env_manager.num_env_groups=2", "train_env_manager.group_size=4",
             "train_env_manager.num_groups_partition=[2]", "sequence_length=4096", "render_save_dir=null",
             "val_env_manager.num_env_groups=4", "val_env_manager.num_groups_partition=[4]",
-            "train_env_manager.group_filter_cls=null"]  # (the default's replaying filter is tested on its own)
+            "train_env_manager.group_filter_cls=null",  # (the default's replaying filter is tested on its own)
+            "grid_describe_offsets=false"]  # ROLL's board; the default's offsets line is tested where it is turned on
     return load_config("agentic_sokoban", overrides=base + list(overrides)).config
 
 
@@ -202,6 +203,11 @@ def _goal_offsets(rows, player):
 POSITIONS = ("grid_describe_positions", "(row, column), counting from (1, 1)", _positions_prefix, False)
 # the whole offsets line for FrozenLake's goal; Sokoban's (boxes, targets) is checked by hand in tests/envs/test_grid.py
 OFFSETS = ("grid_describe_offsets", "columns left or right things are from you", _goal_offsets, True)
+
+
+def test_the_default_boards_carry_the_offsets_line():
+    cfg = load_config("agentic_sokoban").config
+    assert cfg.custom_envs["SimpleSokoban"].env_config["describe_offsets"] is True
 
 
 @pytest.mark.parametrize("tag, player, key, sentence, expected, full", [
