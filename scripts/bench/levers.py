@@ -45,8 +45,8 @@ LEVERS: dict[str, list[str]] = {
     "cell_separator": ["grid_cell_separator=' '"],
     # a line under each board with the (row, column) of the player and the key cells, so no counting is needed
     "describe_positions": ["grid_describe_positions=true"],
-    # a line under each board with how far the key cells lie from the player ("goal 2 down, 1 right")
-    "describe_offsets": ["grid_describe_offsets=true"],
+    # ROLL's board: without the default's line saying how far the key cells lie from the player
+    "no_offsets": ["grid_describe_offsets=false"],
     # the second env: FrozenLake (its random baseline is low)
     "frozen_lake": ["--config_name", "agentic_frozen_lake"],
 }
